@@ -1,0 +1,48 @@
+# Two commands do all set-up on a fresh Debian machine: `make train` and `make test`.
+# Every step is idempotent: a second run checks stamps and finishes in seconds.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.asyncwebrl-installed
+# The CPU build of torch; on this machine class it lies on local disk (no multi-GB CUDA download).
+TORCH_SPEC ?= torch==2.13.0
+CHROMIUM := /usr/lib/chromium/chromium-headless-shell
+ARGS ?=
+
+.PHONY: setup venv browser model train test lint clean bench
+
+setup: venv browser model
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_SPEC)"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  echo "installing Debian's chromium-headless-shell"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell fonts-liberation >/dev/null; \
+	fi
+	@test -x "$(CHROMIUM)" || { echo "chromium-headless-shell missing at $(CHROMIUM)"; exit 1; }
+
+model: venv
+	$(BIN)/asyncwebrl prepare-model
+
+train: setup
+	$(BIN)/asyncwebrl train $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check asyncwebrl tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,150 @@
+"""The `asyncwebrl` command: train, serve, eval, bench, view, prepare-model.
+
+Every subcommand that runs the system takes `--config FILE` plus dotted overrides
+(`rollout.max_head_offpolicyness=4`); the config is validated before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from asyncwebrl.configtree import ConfigError
+
+BENCHMARKS = {
+    "inference": ("asyncwebrl.bench.inference", "tokens/s of the embedded server at concurrency 1/8/32"),
+    "pool": ("asyncwebrl.bench.pool", "async everlasting pool vs synchronous pool (synthetic env)"),
+    "env": ("asyncwebrl.bench.env", "environment steps/s vs a raw Playwright loop"),
+    "pixels": ("asyncwebrl.bench.pixels", "PixelStore vs pixels inside trajectories in Ray's object store"),
+    "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
+    "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
+    "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+}
+
+
+def _config(args):
+    from asyncwebrl.config import load_run_config
+
+    return load_run_config(args.config, args.overrides)
+
+
+def cmd_train(args) -> int:
+    if args.help_config:
+        from asyncwebrl.config import config_reference
+
+        print(config_reference())
+        return 0
+    cfg = _config(args)
+    from asyncwebrl.controller.main import run_training
+
+    run_training(cfg)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from asyncwebrl.inference.server import serve_main
+
+    return serve_main(args)
+
+
+def cmd_eval(args) -> int:
+    cfg = _config(args)
+    from asyncwebrl.evaluation.evaluate import eval_main
+
+    return eval_main(cfg, args.checkpoint)
+
+
+def cmd_bench(args) -> int:
+    if args.name not in BENCHMARKS:
+        print(f"unknown benchmark '{args.name}'; choose one of: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[args.name][0])
+    return module.main(args.overrides) or 0
+
+
+def cmd_view(args) -> int:
+    from asyncwebrl.view.report import view_main
+
+    return view_main(args)
+
+
+def cmd_prepare_model(args) -> int:
+    from asyncwebrl.models.prepare import prepare_all
+
+    for name, path in prepare_all(force=args.force, tiny=not args.default_only).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="asyncwebrl",
+        description="Asynchronous multi-step RL for visual web agents (see README.md and SPEC).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp):
+        sp.add_argument("--config", default=None, help="YAML config file (default: the embedded default)")
+        sp.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.max_head_offpolicyness=4")
+
+    t = sub.add_parser("train", help="run PPO training (async everlasting pool, or rollout.mode=sync)")
+    with_config(t)
+    t.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("serve", help="start an inference server speaking SGLang's native HTTP API")
+    s.add_argument("--backend", choices=["hf"], default="hf", help="hf = embedded transformers engine")
+    s.add_argument("--model", default="default", help="model folder, hub id, or 'default'")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    s.add_argument("--max-batch-size", type=int, default=32)
+    s.add_argument("--max-context-len", type=int, default=4096)
+    s.set_defaults(func=cmd_serve)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint (or the base model) on a task set")
+    with_config(e)
+    e.add_argument("--checkpoint", default=None, help="checkpoint folder (default: actor.path)")
+    e.set_defaults(func=cmd_eval)
+
+    b = sub.add_parser(
+        "bench",
+        help="run a benchmark; writes bench/results/NAME.json",
+        description="Benchmarks: " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()),
+    )
+    b.add_argument("name", help="one of: " + ", ".join(BENCHMARKS))
+    b.add_argument("overrides", nargs="*", help="benchmark-specific key=value overrides")
+    b.set_defaults(func=cmd_bench)
+
+    v = sub.add_parser("view", help="write (and optionally serve) the HTML report of a run directory")
+    v.add_argument("run_dir")
+    v.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1")
+    v.add_argument("--port", type=int, default=8765)
+    v.set_defaults(func=cmd_view)
+
+    pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
+    pm.add_argument("--force", action="store_true", help="rebuild even if present")
+    pm.add_argument("--default-only", action="store_true", help="skip the tiny Qwen test models")
+    pm.set_defaults(func=cmd_prepare_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("asyncwebrl."):
+            print(f"'{args.command}' is not yet implemented ({e.name} missing)", file=sys.stderr)
+            return 3
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Config of the train-rollout inference servers (SPEC section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class InferenceConfig:
+    host: str = "127.0.0.1"
+    """bind address of embedded servers (loopback unless told otherwise)"""
+    base_port: int = 0
+    """first port of the server group (0 = pick free ports)"""
+    api_key: str | None = None
+    """when set, every request must carry 'Authorization: Bearer <key>'"""
+    max_batch_size: int = 32
+    """embedded hf backend: most sequences decoded together (continuous batching)"""
+    max_context_len: int = 4096
+    """embedded hf backend: longest prompt + generation it accepts"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """embedded hf backend: parameter dtype"""
+    mem_fraction_static: float = 0.8
+    """sglang backend: fraction of GPU memory for weights + KV cache"""
+    startup_timeout_s: float = 300.0
+    """a server that is not healthy after this long is an error"""
+
+    def validate(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("inference.max_batch_size must be >= 1")

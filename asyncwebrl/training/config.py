@@ -1,0 +1,88 @@
+"""Config of the update engine (the FSDP actor) and the PPO objective (SPEC sections 5, 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class ActorConfig:
+    path: str = "default"
+    """policy model: 'default' (the prepared embedded model), a local HF folder, or a hub id"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """parameter dtype of the trainer"""
+    mixed_precision: bool = False
+    """FSDP mixed precision: bf16 params for compute, fp32 gradient reduction"""
+    gradient_checkpointing: bool = False
+    """activation checkpointing of decoder layers"""
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    adam_betas: list[float] = None  # type: ignore[assignment]
+    """AdamW betas (default [0.9, 0.999])"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    mb_max_tokens: int = 4096
+    """micro-batch token budget of one forward/backward"""
+    ppo_n_minibatches: int = 1
+    """optimizer steps per training step (the batch is split into this many minibatches)"""
+    recompute_logprob: bool = True
+    """recompute pi_prox logprobs with an extra forward pass before the update"""
+    use_decoupled_loss: bool = True
+    """decoupled PPO (clip only pi_theta/pi_prox, weight by pi_prox/pi_behave); false = coupled PPO"""
+    prox_logp_method: Literal["recompute", "loglinear", "metrics"] = "recompute"
+    """how pi_prox is obtained: forward pass, log-linear interpolation, or both with the error logged"""
+    behave_imp_weight_cap: float = 5.0
+    """cap of the behaviour importance weight pi_prox/pi_behave"""
+    behave_imp_weight_mode: Literal["mask", "clamp"] = "mask"
+    """tokens whose weight exceeds the cap are masked out or clamped to the cap"""
+    eps_clip: float = 0.2
+    """PPO clip epsilon (lower side)"""
+    eps_clip_higher: float | None = None
+    """PPO clip epsilon on the upper side (None = eps_clip)"""
+    group_adv_norm: bool = True
+    """GRPO: normalize rewards within the n_samples rollouts of a task"""
+    adv_std_norm: bool = True
+    """divide group-centred advantages by the group std"""
+    step_normalizer: Literal["none", "episode_length", "constant"] = "none"
+    """per-step sample weight: none, 1/|tau| (episode length), or a constant 1/k"""
+    step_normalizer_k: int = 10
+    """k of the constant 1/k per-step normalizer"""
+    weight_update_mode: Literal["xccl", "disk"] = "xccl"
+    """how weights reach the train-rollout servers: broadcast group (NCCL/gloo) or checkpoint on disk"""
+    weight_chunked_mem_mb: int = 256
+    """bucket size of one broadcast / one /update_weights_from_distributed call"""
+    weight_update_timeout_s: float = 120.0
+    """a weight update not done in this time is an error, never a hang"""
+
+    def __post_init__(self) -> None:
+        if self.adam_betas is None:
+            self.adam_betas = [0.9, 0.999]
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError("actor.lr must be > 0")
+        if self.eps_clip <= 0:
+            raise ValueError("actor.eps_clip must be > 0")
+        if self.behave_imp_weight_cap <= 1:
+            raise ValueError("actor.behave_imp_weight_cap must be > 1")
+        if self.weight_chunked_mem_mb < 1:
+            raise ValueError("actor.weight_chunked_mem_mb must be >= 1")
+        if self.prox_logp_method != "recompute" and not self.use_decoupled_loss:
+            raise ValueError("actor.prox_logp_method only matters with actor.use_decoupled_loss=true")
+        if len(self.adam_betas) != 2:
+            raise ValueError("actor.adam_betas must hold two numbers")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    every_n_steps: int = 5
+    """write an atomic checkpoint every N training steps (0 = only at the end)"""
+    keep_last: int = 2
+    """complete checkpoints kept on disk"""
+
+    def validate(self) -> None:
+        if self.every_n_steps < 0 or self.keep_last < 1:
+            raise ValueError("checkpoint.every_n_steps must be >= 0 and checkpoint.keep_last >= 1")

@@ -1,0 +1,69 @@
+"""What every environment offers the episode loop (browser MiniWoB/WebGym envs and the synthetic
+web-like env alike), so the loop code path is the same for all of them.
+
+Invariant: `step` never raises for a bad action; it reports `invalid=True` and the episode goes on.
+Environment faults (crashed browser) raise `EnvCrashed`; the episode is then reported failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class EnvCrashed(RuntimeError):
+    """The environment broke under the episode (browser or page crash); the episode failed."""
+
+
+@dataclass
+class Task:
+    """One task instance: which task, which seed, what budget."""
+
+    task_id: str
+    """unique name of the task family, e.g. 'miniwob/click-button' or 'demo/search'"""
+    seed: int = 0
+    """episode seed (equal seeds give equal episodes: a GRPO group shares it)"""
+    max_steps: int = 4
+    """step budget"""
+    instruction: str = ""
+    """instruction known before reset (WebGym tasks); MiniWoB fills it from the utterance"""
+    spec: dict[str, Any] = field(default_factory=dict)
+    """environment-specific fields (start_url, evaluator, allowed_origins, ...)"""
+
+    @property
+    def group_key(self) -> str:
+        return f"{self.task_id}#{self.seed}"
+
+
+@dataclass
+class Observation:
+    screenshot: bytes
+    """PNG bytes of the viewport"""
+    instruction: str
+    """the natural-language goal"""
+    elements: list[dict[str, Any]] = field(default_factory=list)
+    """interactive elements: {id, role, name, box=[x, y, w, h]}"""
+    url: str = ""
+
+
+@dataclass
+class StepResult:
+    reward: float = 0.0
+    """reward after this step (MiniWoB: nonzero only when done)"""
+    raw_reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    invalid: bool = False
+    """the action could not be executed (bad element id, off-screen, not allowed)"""
+    screenshot_unchanged: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(Protocol):
+    async def reset(self, task: Task) -> Observation: ...
+
+    async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
+        """Execute a parsed action (None = unparsable output: counted invalid, nothing executed)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,54 @@
+"""Config of the web environment (SPEC section 7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class EnvConfig:
+    type: Literal["miniwob", "webgym", "synthetic"] = "miniwob"
+    """environment kind: real MiniWoB++ tasks, WebGym-style task file, or the synthetic web-like env"""
+    tasks: str = "miniwob-easy"
+    """task subset name (miniwob-easy, miniwob-all, ...) or a comma-separated list of task names"""
+    task_file: str | None = None
+    """WebGym-style JSONL task file (env.type=webgym)"""
+    max_steps: int = 4
+    """step budget of one episode"""
+    viewport_width: int = 160
+    """browser viewport width in pixels (MiniWoB tasks occupy 160x210)"""
+    viewport_height: int = 210
+    """browser viewport height in pixels"""
+    history_k: int = 1
+    """sliding window: screenshots of the last k steps enter the prompt, older steps as text"""
+    use_screenshot: bool = True
+    """put the screenshot into the prompt"""
+    element_list: bool = True
+    """add a text list of interactive elements (id, role, name) to the prompt"""
+    set_of_marks: bool = False
+    """draw element ids onto the screenshot"""
+    coord_mode: Literal["pixel", "norm1000"] = "pixel"
+    """coordinates in actions: pixels or normalized 0-1000"""
+    invalid_action_penalty: float = 0.0
+    """reward added for an unparsable or impossible action"""
+    browsers: int = 1
+    """browser processes (each hosts many contexts)"""
+    recycle_context_every: int = 50
+    """episodes before a context is closed and recreated (keeps memory flat)"""
+    episode_time_limit_s: float = 600.0
+    """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
+    headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
+    """path of the Chromium binary Playwright launches"""
+    synthetic_step_latency_ms: float = 20.0
+    """synthetic env: mean latency of one environment step"""
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError("env.max_steps must be >= 1")
+        if self.history_k < 0:
+            raise ValueError("env.history_k must be >= 0")
+        if self.viewport_width < 32 or self.viewport_height < 32:
+            raise ValueError("env.viewport_width/height must be >= 32")
+        if self.type == "webgym" and not self.task_file:
+            raise ValueError("env.type=webgym needs env.task_file")
