@@ -1,0 +1,96 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from asyncwebrl.config import RunConfig, config_reference, load_run_config, save_resolved
+from asyncwebrl.configtree import ConfigError
+
+
+def test_default_config_loads_and_is_the_embedded_default():
+    cfg = load_run_config()
+    assert isinstance(cfg, RunConfig)
+    assert cfg.allocation.rollout.backend == "hf"
+    assert cfg.env.type == "miniwob" and cfg.env.tasks == "miniwob-easy"
+    assert cfg.rollout.mode == "async"
+    assert cfg.test_rollout.enabled
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_run_config(None, ["rollout.max_head_offpolicyness=4", "actor.lr=3e-5", "gconfig.stop=[a, b]",
+                                 "rollout.max_concurrent_rollouts=null", "actor.eps_clip_higher=0.28"])
+    assert cfg.rollout.max_head_offpolicyness == 4
+    assert cfg.actor.lr == pytest.approx(3e-5)
+    assert cfg.gconfig.stop == ["a", "b"]
+    assert cfg.rollout.max_concurrent_rollouts is None
+    assert cfg.actor.eps_clip_higher == pytest.approx(0.28)
+
+
+def test_yaml_file_and_override_precedence(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("rollout:\n  consumer_batch_size: 6\n  max_head_offpolicyness: 2\n")
+    cfg = load_run_config(f, ["rollout.max_head_offpolicyness=3"])
+    assert cfg.rollout.consumer_batch_size == 6
+    assert cfg.rollout.max_head_offpolicyness == 3
+
+
+def test_unknown_key_names_key_and_closest_valid_ones():
+    with pytest.raises(ConfigError) as ei:
+        load_run_config(None, ["rollout.max_head_offpolicynes=2"])
+    msg = str(ei.value)
+    assert "rollout.max_head_offpolicynes" in msg
+    assert "did you mean rollout.max_head_offpolicyness" in msg
+
+
+def test_unknown_section_is_rejected():
+    with pytest.raises(ConfigError, match="unknown config key 'rolout'.*did you mean rollout"):
+        load_run_config(None, ["rolout.mode=sync"])
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("rollout.max_head_offpolicyness=-1", "eta"),
+        ("rollout.consumer_batch_size=0", "consumer_batch_size"),
+        ("rollout.mode=fast", "one of 'async' | 'sync'"),
+        ("actor.lr=abc", "must be a number"),
+        ("gconfig.n_samples=2.5", "must be an integer"),
+        ("actor.recompute_logprob=maybe", "true or false"),
+        ("allocation_mode=hf[rollout]:d2|fsdp[actor]:d1", "different world sizes"),
+        ("allocation_mode=fsdp[actor]:d1", "role 'rollout'"),
+        ("rollout=3", "is a section"),
+    ],
+)
+def test_impossible_values_fail_before_start(override, fragment):
+    with pytest.raises(ConfigError) as ei:
+        load_run_config(None, [override])
+    assert fragment in str(ei.value)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_run_config(None, ["seed=7"])
+    path = save_resolved(cfg, tmp_path)
+    again = load_run_config(path)
+    assert again == cfg
+    assert yaml.safe_load(path.read_text())["seed"] == 7
+
+
+def test_every_key_is_documented():
+    ref = config_reference()
+    undocumented = [line for line in ref.splitlines()[2:] if line.rstrip().endswith("|  |")]
+    assert not undocumented, undocumented
+    assert "`rollout.max_head_offpolicyness`" in ref
+
+
+def test_cli_reports_config_errors_clearly():
+    r = subprocess.run([sys.executable, "-m", "asyncwebrl.cli", "train", "actor.lrr=1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "unknown config key 'actor.lrr'" in r.stderr and "actor.lr" in r.stderr
+
+
+def test_cli_help_lists_subcommands():
+    r = subprocess.run([sys.executable, "-m", "asyncwebrl.cli", "--help"], capture_output=True, text=True, timeout=120)
+    for sub in ("train", "serve", "eval", "bench", "view", "prepare-model"):
+        assert sub in r.stdout
