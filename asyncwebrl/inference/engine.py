@@ -1,0 +1,466 @@
+"""The embedded `hf` inference engine: continuous batching of /generate requests over a transformers VLM.
+
+A background thread owns the model. Each iteration it prefills newly admitted requests one by one
+(no padding, so the prompt forward is exactly a teacher-forced forward) and merges their KV caches
+into the running batch (left-padded to a common length, masked), then decodes every running
+sequence together, one token per step. Finished sequences leave the batch at once and waiting
+requests take their places: continuous batching.
+
+Invariants:
+- every generated token carries the logprob of the RAW logits (log_softmax at temperature 1,
+  before top-k/top-p/min-p) and the weight version current at the step that produced it;
+- all model access (forward, weight writes) happens under `self.lock`; `pause()` returns only after
+  the step in progress has finished, so a weight update never races a forward pass;
+- a paused engine keeps its queued and running requests; they continue after `resume()` (on the new
+  weights, with their old KV cache), unless aborted, in which case they end with finish_reason abort.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
+from asyncwebrl.models.vlm import IDEFICS3, QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineResult:
+    """The outcome of one request (what /generate turns into its JSON answer)."""
+
+    rid: str
+    prompt_tokens: int
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[str]
+    finish_reason: dict[str, Any]
+    weight_version: str
+    latency_s: float
+    text: str = ""
+
+
+@dataclass
+class EngineRequest:
+    """A request inside the engine: validated inputs plus generation state."""
+
+    rid: str
+    input_ids: list[int]
+    images: dict[str, torch.Tensor]
+    sampling: SamplingParams
+    max_new_tokens: int
+    on_done: Callable[[EngineResult], None]
+    on_token: Callable[[EngineRequest], None] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    stop_cut: int | None = None
+    """character offset where a matched stop string begins in the decoded text"""
+
+
+class _RunningBatch:
+    """KV cache and positions of the sequences decoded together (row i <-> reqs[i])."""
+
+    def __init__(self) -> None:
+        self.reqs: list[EngineRequest] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None  # [B, T] 1 = real key, 0 = left pad
+        self.positions: list[int] = []  # next position id (the sequence's true length)
+        self.rope_deltas: list[int] = []  # Qwen M-RoPE offset per sequence
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+
+class HFEngine:
+    """A transformers model behind a continuous-batching scheduler (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        max_context_len: int = 4096,
+        seed: int = 0,
+        weight_version: str = "0",
+    ):
+        self.adapter = VLMAdapter(model_path)
+        self.model_path = self.adapter.path
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model = load_model(self.model_path, dtype, device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        text_cfg = self.model.config.get_text_config()
+        self.vocab_size = int(text_cfg.vocab_size)
+        self.context_len = min(max_context_len, int(getattr(text_cfg, "max_position_embeddings", max_context_len)))
+        self.max_batch_size = max_batch_size
+        self.family = self.adapter.family
+        self.eos_ids = set(self.adapter.eos_token_ids)
+        self.weight_version = str(weight_version)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+        self.lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._waiting: list[EngineRequest] = []
+        self._batch = _RunningBatch()
+        self._paused = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "finished": 0, "aborted": 0, "errors": 0}
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.abort(abort_all=True, message="server shutting down")
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def prepare(self, req: GenerateRequest, on_done: Callable[[EngineResult], None],
+                on_token: Callable[[EngineRequest], None] | None = None) -> EngineRequest:
+        """Tokenize / decode images / check limits; ProtocolError on anything the model cannot take."""
+        images = []
+        for i, im in enumerate(req.image_data or []):
+            try:
+                images.append(decode_image(im))
+            except ValueError as e:
+                raise ProtocolError(f"image_data[{i}]: {e}") from None
+        try:
+            if req.text is not None:
+                enc = self.adapter.encode(req.text, images)
+                ids, img = enc.input_ids, enc.images
+            else:
+                ids = list(req.input_ids or [])
+                bad = [t for t in ids if t >= self.vocab_size]
+                if bad:
+                    raise ProtocolError(f"input_ids hold token id {bad[0]} >= vocab size {self.vocab_size}")
+                img = self.adapter.encode_with_images_for_ids(ids, images)
+        except ProtocolError:
+            raise
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        if len(ids) >= self.context_len:
+            raise ProtocolError(
+                f"prompt of {len(ids)} tokens does not fit the context window of {self.context_len} tokens"
+            )
+        max_new = min(req.sampling_params.max_new_tokens, self.context_len - len(ids))
+        return EngineRequest(
+            rid=req.rid or uuid.uuid4().hex,
+            input_ids=ids,
+            images=img,
+            sampling=req.sampling_params,
+            max_new_tokens=max_new,
+            on_done=on_done,
+            on_token=on_token,
+        )
+
+    def submit(self, r: EngineRequest) -> None:
+        if r.max_new_tokens <= 0:
+            r.finish = finish_reason("length", length=0)
+            self._deliver(r)
+            return
+        with self._cond:
+            self._waiting.append(r)
+            self._cond.notify_all()
+
+    def pause(self) -> None:
+        """Stop scheduling; returns once the step in progress (if any) has finished."""
+        with self._cond:
+            self._paused = True
+        with self.lock:
+            pass
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def abort(self, rid: str | None = None, abort_all: bool = False, message: str = "aborted") -> int:
+        """End matching queued/running requests with finish_reason abort; returns how many."""
+        with self.lock, self._cond:
+            hit = [r for r in self._waiting + self._batch.reqs if abort_all or r.rid == rid]
+            for r in hit:
+                r.finish = finish_reason("abort", message=message)
+            self._waiting = [r for r in self._waiting if r.finish is None]
+            self._drop_finished()
+        for r in hit:
+            self.stats["aborted"] += 1
+            self._deliver(r)
+        return len(hit)
+
+    @contextmanager
+    def exclusive(self, abort_all: bool = False, message: str = "aborted for a weight update") -> Iterator[None]:
+        """Hold the model with generation paused (weight writes); the prior pause state is restored."""
+        was_paused = self._paused
+        self.pause()
+        try:
+            if abort_all:
+                self.abort(abort_all=True, message=message)
+            with self.lock:
+                yield
+        finally:
+            if not was_paused:
+                self.resume()
+
+    def load_info(self) -> dict[str, int]:
+        return {"running": len(self._batch), "waiting": len(self._waiting)}
+
+    # ---- the scheduler loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not self._stopped and (self._paused or not (self._waiting or self._batch.reqs)):
+                    self._cond.wait(timeout=1.0)
+                if self._stopped:
+                    return
+            with self.lock:
+                if self._paused:
+                    continue
+                try:
+                    self._admit()
+                    if self._batch.reqs:
+                        self._decode_step()
+                except Exception as e:  # a failed forward must not kill the server: fail the batch
+                    self.stats["errors"] += 1
+                    log.exception("engine step failed")
+                    failed = list(self._batch.reqs)
+                    self._batch = _RunningBatch()
+                    for r in failed:
+                        r.finish = finish_reason("abort", message=f"engine error: {type(e).__name__}: {e}")
+                        self._deliver(r)
+
+    def _admit(self) -> None:
+        while len(self._batch) < self.max_batch_size:
+            with self._cond:
+                if not self._waiting or self._paused:
+                    return
+                r = self._waiting.pop(0)
+            try:
+                self._prefill(r)
+            except Exception as e:
+                self.stats["errors"] += 1
+                log.exception("prefill failed for %s", r.rid)
+                r.finish = finish_reason("abort", message=f"prefill failed: {type(e).__name__}: {e}")
+                self._deliver(r)
+
+    def _forward(self, **kw: Any) -> torch.Tensor:
+        cache = kw.pop("cache")
+        out = self.model(**kw, **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def _prefill(self, r: EngineRequest) -> None:
+        from transformers import DynamicCache
+
+        batch = self.adapter.collate([r.input_ids], [r.images])
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        qwen = self.family in (QWEN2VL, QWEN3VL)
+        if qwen:
+            self.model.model.rope_deltas = None
+        cache = DynamicCache()
+        logits = self._forward(**batch, cache=cache)
+        delta = 0
+        if qwen and self.model.model.rope_deltas is not None:
+            delta = int(self.model.model.rope_deltas.reshape(-1)[0])
+        self.stats["prefills"] += 1
+        if not self._append_tokens([r], logits):
+            self._merge(r, cache, len(r.input_ids), delta)
+
+    def _merge(self, r: EngineRequest, cache: Any, length: int, delta: int) -> None:
+        b = self._batch
+        if not b.reqs:
+            b.reqs, b.cache, b.positions, b.rope_deltas = [r], cache, [length], [delta]
+            b.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+            return
+        t_old = b.mask.shape[1]
+        t = max(t_old, length)
+        for old, new in zip(b.cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, t), _left_pad(new.keys, t)], dim=0)
+            old.values = torch.cat([_left_pad(old.values, t), _left_pad(new.values, t)], dim=0)
+        new_mask = torch.zeros((1, t), dtype=torch.long, device=self.device)
+        new_mask[0, t - length:] = 1
+        b.mask = torch.cat([_left_pad(b.mask, t), new_mask], dim=0)
+        b.reqs.append(r)
+        b.positions.append(length)
+        b.rope_deltas.append(delta)
+
+    def _decode_step(self) -> None:
+        b = self._batch
+        ids = torch.tensor([[r.output_ids[-1]] for r in b.reqs], dtype=torch.long, device=self.device)
+        mask = torch.cat([b.mask, torch.ones((len(b), 1), dtype=torch.long, device=self.device)], dim=1)
+        pos = torch.tensor(b.positions, dtype=torch.long, device=self.device)[:, None]
+        if self.family in (QWEN2VL, QWEN3VL):
+            mpos = pos + torch.tensor(b.rope_deltas, dtype=torch.long, device=self.device)[:, None]
+            position_ids = torch.stack([pos, mpos, mpos, mpos])
+        else:
+            position_ids = pos
+        logits = self._forward(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=b.cache)
+        b.mask = mask
+        b.positions = [p + 1 for p in b.positions]
+        self.stats["steps"] += 1
+        self._append_tokens(b.reqs, logits)
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        """Remove finished rows from the running batch and trim all-pad leading columns."""
+        b = self._batch
+        keep = [i for i, r in enumerate(b.reqs) if r.finish is None]
+        if len(keep) == len(b.reqs):
+            return
+        if not keep:
+            self._batch = _RunningBatch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        mask = b.mask.index_select(0, idx)
+        first = int((mask.sum(0) > 0).nonzero()[0])
+        for layer in b.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
+            layer.values = layer.values.index_select(0, idx)[:, :, first:]
+        b.mask = mask[:, first:]
+        b.reqs = [b.reqs[i] for i in keep]
+        b.positions = [b.positions[i] for i in keep]
+        b.rope_deltas = [b.rope_deltas[i] for i in keep]
+
+    # ---- sampling and stop conditions ------------------------------------------------------------
+    def _append_tokens(self, reqs: list[EngineRequest], logits: torch.Tensor) -> bool:
+        """Sample one token per row, record logprob + version, deliver finished requests.
+        Returns whether the (single) request of a prefill already finished."""
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        any_done = False
+        for i, r in enumerate(reqs):
+            tok = self._sample(logits[i], r)
+            r.output_ids.append(tok)
+            r.logprobs.append(float(logprobs[i, tok]))
+            r.versions.append(self.weight_version)
+            self.stats["generated_tokens"] += 1
+            self._check_finish(r)
+            if r.on_token is not None:
+                r.on_token(r)
+            if r.finish is not None:
+                any_done = True
+                self._deliver(r)
+        return any_done
+
+    def _sample(self, row: torch.Tensor, r: EngineRequest) -> int:
+        sp = r.sampling
+        if len(r.output_ids) < sp.min_new_tokens:
+            row = row.clone()
+            banned = list((set() if sp.ignore_eos else self.eos_ids) | set(sp.stop_token_ids or []))
+            row[[t for t in banned if t < row.shape[0]]] = float("-inf")
+        if sp.temperature == 0:
+            return int(torch.argmax(row))
+        row = row / sp.temperature
+        if 0 < sp.top_k < row.shape[0]:
+            kth = torch.topk(row, sp.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if sp.min_p > 0:
+            probs = probs.masked_fill(probs < sp.min_p * probs.max(), 0.0)
+        if sp.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_p, dim=0)
+            drop = (cum - sorted_p) > sp.top_p  # keep the smallest prefix reaching top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _check_finish(self, r: EngineRequest) -> None:
+        sp = r.sampling
+        tok, n = r.output_ids[-1], len(r.output_ids)
+        if n >= sp.min_new_tokens:
+            if not sp.ignore_eos and tok in self.eos_ids:
+                r.finish = finish_reason("stop", matched=tok)
+                return
+            if sp.stop_token_ids and tok in sp.stop_token_ids:
+                r.finish = finish_reason("stop", matched=tok)
+                return
+            if sp.stop_strings:
+                text = self.adapter.tokenizer.decode(r.output_ids, skip_special_tokens=sp.skip_special_tokens)
+                hits = [(text.find(s), s) for s in sp.stop_strings if s in text]
+                if hits:
+                    pos, s = min(hits)
+                    r.stop_cut = None if sp.no_stop_trim else pos
+                    r.finish = finish_reason("stop", matched=s)
+                    return
+        if n >= r.max_new_tokens:
+            r.finish = finish_reason("length", length=n)
+
+    def _deliver(self, r: EngineRequest) -> None:
+        text = self.adapter.tokenizer.decode(r.output_ids, skip_special_tokens=r.sampling.skip_special_tokens)
+        if r.stop_cut is not None:
+            text = text[: r.stop_cut]
+        self.stats["finished"] += 1
+        res = EngineResult(
+            rid=r.rid,
+            prompt_tokens=len(r.input_ids),
+            output_ids=list(r.output_ids),
+            logprobs=list(r.logprobs),
+            versions=list(r.versions),
+            finish_reason=r.finish or finish_reason("abort", message="unknown"),
+            weight_version=self.weight_version,
+            latency_s=time.perf_counter() - r.arrival,
+            text=text,
+        )
+        try:
+            r.on_done(res)
+        except Exception:
+            log.exception("on_done callback of %s failed", r.rid)
+
+    # ---- weights -------------------------------------------------------------------------------------
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.model.named_parameters())
+
+    def weights_checksum(self) -> str:
+        """sha256 over every parameter's bytes in named_parameters() order (bit-exact comparison)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        with self.lock:
+            for name, p in self.model.named_parameters():
+                h.update(name.encode())
+                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def family_name(self) -> str:
+        return {IDEFICS3: "idefics3"}.get(self.family, self.family)
+
+
+def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Left-pad the sequence axis (-2 for KV [B,H,T,D], -1 for masks [B,T]) with zeros to length t."""
+    axis = -1 if x.dim() == 2 else -2
+    missing = t - x.shape[axis]
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[axis] = missing
+    return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=axis)
