@@ -1,0 +1,355 @@
+"""The update engine: one `FSDPActor` per trainer rank (SPEC sections 2, 5, 6).
+
+Every rank is handed the SAME global batch; it takes its deterministic share (`shard_for_rank`),
+fetches that share's pixels, recomputes pi_prox, and runs the decoupled PPO update with FSDP2
+(`fully_shard` on each decoder layer and on the root) over gloo (CPU) or NCCL (GPU).
+
+Invariants:
+- every rank runs the same number of forward/backward passes per phase (ranks with fewer
+  micro-batches run zero-weight filler passes), so FSDP collectives always pair up;
+- gradients are SUMMED across ranks (divide factor 1) and each micro-batch's loss is its token sum
+  over the global token count, so the update equals the single-process update on the whole batch;
+- logits are computed only at the positions that predict generated tokens (hidden states are sliced
+  before lm_head).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from asyncwebrl.models.prepare import resolve_model_path
+from asyncwebrl.models.vlm import VLMAdapter, load_model
+from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.training import checkpoint as ckpt
+from asyncwebrl.training.config import ActorConfig
+from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_loss_sum
+from asyncwebrl.training.samples import (
+    TrainSample, build_forward_batch, fetch_pixels, micro_batches, samples_from_groups, shard_for_rank,
+)
+
+WRAP = "policy."
+
+
+class PolicyWithLossHead(nn.Module):
+    """The HF model, with a forward that returns token logprobs (and entropy) at chosen positions only."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.policy = hf
+
+    def forward(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor, cols: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        base = getattr(self.policy, self.policy.base_model_prefix)
+        hidden = base(**inputs, use_cache=False).last_hidden_state
+        logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float()
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+
+def _decoder_layers(hf: nn.Module) -> list[nn.Module]:
+    dec = hf.get_decoder() if hasattr(hf, "get_decoder") else None
+    layers = getattr(dec, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot find the decoder layers of {type(hf).__name__} to shard")
+    return list(layers)
+
+
+class FSDPActor:
+    """One trainer rank. world_size=1 runs the same code without a process group or sharding."""
+
+    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+                 master_port: int = 29500, device: str = "cpu", init_timeout_s: float = 300.0):
+        cfg.validate()
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = torch.device(device)
+        self.distributed = world_size > 1
+        if self.distributed and not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
+                timeout=datetime.timedelta(seconds=init_timeout_s),
+            )
+        self.model_path = resolve_model_path(cfg.path)
+        self.adapter = VLMAdapter(self.model_path)
+        hf = load_model(self.model_path, cfg.dtype, "cpu")
+        hf.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.hf = hf
+        self.module = PolicyWithLossHead(hf)
+        self.autocast = False
+        if self.distributed:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mesh = init_device_mesh(self.device.type, (world_size,))
+            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if cfg.mixed_precision else MixedPrecisionPolicy())
+            self.module.to(self.device)
+            for layer in _decoder_layers(hf):
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(self.module, mesh=mesh, mp_policy=mp)
+            self.module.set_gradient_divide_factor(1.0)  # sum: the loss already divides by global tokens
+            self.module.set_reduce_scatter_unused_params(True)  # text-only batches skip the vision tower
+        else:
+            self.module.to(self.device)
+            self.autocast = cfg.mixed_precision
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
+        )
+        self.ppo = PPOParams(
+            eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, use_decoupled_loss=cfg.use_decoupled_loss,
+            behave_imp_weight_cap=cfg.behave_imp_weight_cap, behave_imp_weight_mode=cfg.behave_imp_weight_mode,
+        )
+        self.version = 0
+        """policy version: starts at 0, +1 per train_step (SPEC section 4)"""
+        self.step = 0
+
+    # ---- collectives (no-ops in single-process mode) --------------------------------------------
+    def _all_sum(self, values: list[float]) -> list[float]:
+        if not self.distributed:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def _all_max(self, values: list[float]) -> list[float]:
+        if not self.distributed:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def _forward(self, samples: list[TrainSample], pixels: list[list[bytes]]):
+        fb = build_forward_batch(self.adapter, samples, pixels)
+        inputs = {k: v.to(self.device) for k, v in fb.inputs.items()}
+        dt = self.hf.dtype
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(dt)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logp, entropy = self.module(inputs, fb.rows.to(self.device), fb.cols.to(self.device),
+                                        fb.targets.to(self.device))
+        return fb, logp, entropy
+
+    def _filler(self) -> tuple[list[TrainSample], list[list[bytes]]]:
+        pad = self.adapter.tokenizer.pad_token_id
+        s = TrainSample(prompt_ids=[pad], output_ids=[pad], behave_logprobs=[0.0], versions=[0], advantage=0.0)
+        return [s], [[]]
+
+    def _padded(self, mbs: list[list[int]]) -> list[list[int] | None]:
+        """Micro-batches of this rank, padded with None (filler passes) to the max count over ranks."""
+        n = int(self._all_max([float(len(mbs))])[0])
+        return list(mbs) + [None] * (n - len(mbs))
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None) -> list[list[float]]:
+        """Logprobs of each sample's output tokens under the current weights (collective across
+        ranks: every rank must call it, with its own samples)."""
+        pixels = pixels if pixels is not None else [list(s.pixels or []) for s in samples]
+        mbs = self._index_micro_batches(samples)
+        out: list[list[float] | None] = [None] * len(samples)
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            for mb in self._padded(mbs):
+                if mb is None:
+                    self._forward(*self._filler())
+                    continue
+                fb, logp, _ = self._forward([samples[i] for i in mb], [pixels[i] for i in mb])
+                for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample)):
+                    out[i] = part.tolist()
+        finally:
+            self.module.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def _index_micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
+        index = {id(s): i for i, s in enumerate(samples)}
+        return [[index[id(s)] for s in mb] for mb in micro_batches(samples, self.cfg.mb_max_tokens)]
+
+    # ---- the update -------------------------------------------------------------------------------
+    def prepare(self, batch: list[RolloutGroup] | list[TrainSample]) -> list[TrainSample]:
+        """Training samples (with advantages) from rollout groups; samples pass through."""
+        if batch and isinstance(batch[0], RolloutGroup):
+            c = self.cfg
+            return samples_from_groups(batch, c.group_adv_norm, c.adv_std_norm, c.step_normalizer, c.step_normalizer_k)
+        return list(batch)  # type: ignore[arg-type]
+
+    def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
+                   free_pixels: bool = False) -> dict[str, float]:
+        """One PPO training step on the global batch (every rank passes the same batch). Returns the
+        metrics of the whole global batch on every rank; the version is incremented."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        samples = self.prepare(batch)
+        n_mini = max(1, cfg.ppo_n_minibatches)
+        minis = [samples[j::n_mini] for j in range(n_mini)]
+        local = [shard_for_rank(m, self.rank, self.world_size) for m in minis]
+        flat = [s for m in local for s in m]
+        kept, pixels, dropped = fetch_pixels(flat, pixel_store)
+        pix_of = {id(s): p for s, p in zip(kept, pixels)}
+        local = [[s for s in m if id(s) in pix_of] for m in local]
+        tokens = self._all_sum([float(sum(len(s.output_ids) for s in m)) for m in local] + [float(dropped)])
+        mini_tokens, n_dropped = tokens[:-1], int(tokens[-1])
+
+        # pi_prox: one extra forward pass with the weights at the start of this update
+        method = cfg.prox_logp_method if cfg.use_decoupled_loss else "none"
+        need_forward = cfg.use_decoupled_loss and cfg.recompute_logprob and method in ("recompute", "metrics")
+        t_prox = time.perf_counter()
+        if need_forward:
+            flat = [s for m in local for s in m]
+            for s, lp in zip(flat, self.compute_logprobs(flat, [pix_of[id(s)] for s in flat])):
+                s.prox_logprobs = lp
+        t_prox = time.perf_counter() - t_prox
+
+        stats = PPOStats()
+        grad_norms = []
+        self.module.train()
+        for j, mini in enumerate(local):
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in self._padded(self._index_micro_batches(mini)):
+                if mb is None:
+                    _, logp, _ = self._forward(*self._filler())
+                    (logp.sum() * 0.0).backward()
+                    continue
+                mb_samples = [mini[i] for i in mb]
+                fb, logp, entropy = self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+                behave = fb.behave.to(self.device)
+                versions = fb.versions.to(self.device)
+                if not cfg.use_decoupled_loss:
+                    prox = behave
+                elif method == "loglinear" or (method == "recompute" and not cfg.recompute_logprob):
+                    prox = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
+                else:
+                    prox = fb.prox.to(self.device)
+                loss, st = ppo_loss_sum(logp, prox, behave, fb.advantages.to(self.device),
+                                        torch.ones_like(behave, dtype=torch.bool), self.ppo, mini_tokens[j])
+                loss.backward()
+                st.entropy_sum = float(entropy.sum())
+                if method == "metrics":
+                    approx = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
+                    st.prox_err_sum = float((approx - prox).abs().sum())
+                stats.add(st)
+            grad_norms.append(self._clip_and_step())
+        self.version += 1
+        self.step += 1
+        if free_pixels and pixel_store is not None and self.rank == 0:
+            pixel_store.free(sorted({k for s in samples for k in s.pixel_keys}))
+        return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
+
+    def _clip_and_step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.max_grad_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _finalize(self, stats: PPOStats, grad_norms: list[float], n_dropped: int, n_samples: int,
+                  t0: float, t_prox: float) -> dict[str, float]:
+        if self.distributed:
+            summed = self._all_sum(stats.as_tensor().tolist())
+            w_max = self._all_max([stats.w_max])[0]
+            stats = PPOStats.from_tensor(torch.tensor(summed), w_max)
+        out = stats.finalize()
+        out.update(
+            grad_norm=sum(grad_norms) / max(len(grad_norms), 1), n_samples=float(n_samples),
+            n_dropped_missing_pixels=float(n_dropped), version=float(self.version),
+            time_prox_s=t_prox, time_step_s=time.perf_counter() - t0,
+        )
+        return out
+
+    # ---- weights out ------------------------------------------------------------------------------
+    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
+        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
+        out = []
+        for name, p in self.hf.named_parameters():
+            t = p.detach()
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            if self.rank == 0:
+                out.append((name, t))
+        return out
+
+    def state_dict_for_broadcast(self) -> list[tuple[str, torch.Tensor]]:
+        """What `WeightBroadcaster.broadcast` sends: full parameters gathered on rank 0, on its device."""
+        return self.full_named_parameters()
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _optim_state_full(self) -> dict[str, Any] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if not self.distributed:
+            return self.optimizer.state_dict()
+        return get_optimizer_state_dict(self.module, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def save_checkpoint(self, root: str | Path, extra_state: dict[str, Any] | None = None,
+                        keep_last: int | None = None) -> Path | None:
+        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path)."""
+        params = self.full_named_parameters()
+        optim = self._optim_state_full()
+        path = None
+        if self.rank == 0:
+            path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
+                                         optim, extra_state, keep_last)
+        if self.distributed:
+            dist.barrier()
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore model, optimizer, step and version from a complete checkpoint; returns its
+        extra_state. Collective; every rank passes the same path."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+        )
+
+        state = ckpt.read_checkpoint(path) if (self.rank == 0 or not self.distributed) else None
+        if not self.distributed:
+            missing, unexpected = self.hf.load_state_dict(state["model"], strict=False)
+            self._check_keys(missing, unexpected)
+            if state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            meta = state
+        else:
+            model_sd = {WRAP + k: v for k, v in state["model"].items()} if state else {}
+            opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+            # set_*_state_dict(broadcast_from_rank0=True) mutates the dict it is given: pass copies
+            set_model_state_dict(self.module, dict(model_sd), options=opts)
+            has_optim = self._all_max([1.0 if state and state["optimizer"] is not None else 0.0])[0] > 0
+            if has_optim:
+                osd = state["optimizer"] if state else {}
+                set_optimizer_state_dict(self.module, self.optimizer, osd, options=opts)
+            box = [{"version": state["version"], "step": state["step"], "extra_state": state["extra_state"]}
+                   if state else None]
+            dist.broadcast_object_list(box, src=0)
+            meta = box[0]
+        self.version, self.step = int(meta["version"]), int(meta["step"])
+        return dict(meta["extra_state"])
+
+    def _check_keys(self, missing: list[str], unexpected: list[str]) -> None:
+        tied = {n for n, _ in self.hf.named_parameters(remove_duplicate=False)} - {n for n, _ in self.hf.named_parameters()}
+        bad_missing = [k for k in missing if k not in tied and k in dict(self.hf.named_parameters())]
+        if bad_missing or unexpected:
+            raise ValueError(f"checkpoint does not match the model: missing {bad_missing[:5]}, unexpected {unexpected[:5]}")
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()

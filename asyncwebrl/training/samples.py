@@ -1,0 +1,173 @@
+"""Training samples: one per episode step, built from rollout groups, split across ranks and packed
+into micro-batches by a token budget; pixels are fetched from the PixelStore only here, when a
+micro-batch is about to run.
+
+Invariant: a sample whose screenshots are missing from the store is dropped and counted, never
+waited for; the number of loss tokens (the global PPO denominator) is fixed before any forward pass,
+from the samples that survived the pixel fetch on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncwebrl.models.vlm import VLMAdapter, decode_image
+from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.training.advantages import trajectory_advantages
+
+
+@dataclass
+class TrainSample:
+    """One step of one episode as the trainer consumes it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    behave_logprobs: list[float]
+    versions: list[int]
+    advantage: float
+    """episode advantage times the per-step normalizer"""
+    pixel_keys: list[str] = field(default_factory=list)
+    pixels: list[bytes] | None = None
+    """inline screenshots (object_store transport); None = fetch `pixel_keys` from the store"""
+    prox_logprobs: list[float] | None = None
+    """pi_prox logprobs (filled by the recompute pass)"""
+    traj_id: str = ""
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def validate(self) -> None:
+        n = len(self.output_ids)
+        if n == 0:
+            raise ValueError(f"sample of trajectory {self.traj_id!r} has no output tokens")
+        if len(self.behave_logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"sample of trajectory {self.traj_id!r}: {n} output tokens but {len(self.behave_logprobs)} "
+                f"behaviour logprobs and {len(self.versions)} versions"
+            )
+        if not self.prompt_ids:
+            raise ValueError(f"sample of trajectory {self.traj_id!r} has an empty prompt")
+
+
+def samples_from_groups(
+    groups: list[RolloutGroup],
+    group_norm: bool = True,
+    std_norm: bool = True,
+    step_normalizer: str = "none",
+    step_normalizer_k: int = 10,
+) -> list[TrainSample]:
+    """Every step of every non-failed trajectory, carrying its episode advantage (steps without
+    generated tokens carry no loss and are skipped)."""
+    out: list[TrainSample] = []
+    for g in groups:
+        for traj, adv in trajectory_advantages(g, group_norm, std_norm, step_normalizer, step_normalizer_k):
+            for s in traj.steps:
+                if not s.output_ids:
+                    continue
+                ts = TrainSample(
+                    prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
+                    behave_logprobs=list(s.behave_logprobs), versions=list(s.versions), advantage=adv,
+                    pixel_keys=list(s.pixel_keys), pixels=s.pixels, traj_id=traj.traj_id,
+                )
+                ts.validate()
+                out.append(ts)
+    return out
+
+
+def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> list[TrainSample]:
+    """Greedy balance by token count (longest first); deterministic, the same answer on every rank."""
+    order = sorted(range(len(samples)), key=lambda i: (-samples[i].n_tokens, i))
+    load = [0] * world_size
+    owner = [0] * len(samples)
+    for i in order:
+        r = min(range(world_size), key=lambda j: (load[j], j))
+        owner[i] = r
+        load[r] += samples[i].n_tokens
+    return [s for i, s in enumerate(samples) if owner[i] == rank]
+
+
+def micro_batches(samples: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
+    """Consecutive groups whose padded size (n x longest) stays within `max_tokens`; a sample longer
+    than the budget runs alone. Samples are sorted by length first so padding stays small."""
+    ordered = sorted(samples, key=lambda s: s.n_tokens)
+    out: list[list[TrainSample]] = []
+    cur: list[TrainSample] = []
+    for s in ordered:
+        longest = max([s.n_tokens] + [c.n_tokens for c in cur])
+        if cur and longest * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def fetch_pixels(samples: list[TrainSample], pixel_store) -> tuple[list[TrainSample], list[list[bytes]], int]:
+    """(kept samples, their encoded screenshots, number dropped for missing pixels). One store call."""
+    keys = sorted({k for s in samples if s.pixels is None for k in s.pixel_keys})
+    got: dict[str, bytes | None] = {}
+    if keys:
+        if pixel_store is None:
+            raise ValueError("samples reference PixelStore keys but no pixel_store was given")
+        got = dict(zip(keys, pixel_store.get(keys)))
+    kept, pixels, dropped = [], [], 0
+    for s in samples:
+        if s.pixels is not None:
+            kept.append(s)
+            pixels.append(list(s.pixels))
+            continue
+        data = [got.get(k) for k in s.pixel_keys]
+        if any(d is None for d in data):
+            dropped += 1
+            continue
+        kept.append(s)
+        pixels.append(data)  # type: ignore[arg-type]
+    return kept, pixels, dropped
+
+
+@dataclass
+class ForwardBatch:
+    """Model inputs of one micro-batch plus where its loss tokens sit."""
+
+    inputs: dict[str, torch.Tensor]
+    rows: torch.Tensor
+    """batch row of each loss token"""
+    cols: torch.Tensor
+    """position whose hidden state predicts the token (one before the token)"""
+    targets: torch.Tensor
+    behave: torch.Tensor
+    versions: torch.Tensor
+    advantages: torch.Tensor
+    prox: torch.Tensor | None
+    n_per_sample: list[int]
+
+
+def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], pixels: list[list[bytes]]) -> ForwardBatch:
+    """Token ids prompt+output, image tensors decoded here (never earlier), and loss-token indices."""
+    seqs = [s.prompt_ids + s.output_ids for s in samples]
+    images = [adapter.encode_with_images_for_ids(seq, [decode_image(p) for p in pix]) if pix else {}
+              for seq, pix in zip(seqs, pixels)]
+    inputs = adapter.collate(seqs, images)
+    rows, cols, targets, behave, versions, advs, prox = [], [], [], [], [], [], []
+    for i, s in enumerate(samples):
+        p, n = len(s.prompt_ids), len(s.output_ids)
+        rows += [i] * n
+        cols += list(range(p - 1, p + n - 1))
+        targets += s.output_ids
+        behave += s.behave_logprobs
+        versions += s.versions
+        advs += [s.advantage] * n
+        if s.prox_logprobs is not None:
+            prox += s.prox_logprobs
+    have_prox = all(s.prox_logprobs is not None for s in samples)
+    return ForwardBatch(
+        inputs=inputs, rows=torch.tensor(rows), cols=torch.tensor(cols), targets=torch.tensor(targets),
+        behave=torch.tensor(behave, dtype=torch.float32), versions=torch.tensor(versions),
+        advantages=torch.tensor(advs, dtype=torch.float32),
+        prox=torch.tensor(prox, dtype=torch.float32) if have_prox else None,
+        n_per_sample=[len(s.output_ids) for s in samples],
+    )
