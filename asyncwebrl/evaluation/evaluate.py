@@ -1,0 +1,122 @@
+"""Evaluation episodes: a fixed, paired set of (task, seed) pairs run greedily through the same
+episode loop as training, so success rates of different versions are comparable.
+
+Used by the TestRolloutManager (on every new checkpoint) and by `asyncwebrl eval`.
+Invariant: the evaluation set depends only on (task names, n_episodes, seed base), never on time or
+on which version is evaluated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+from asyncwebrl.web.base import Task
+
+log = logging.getLogger(__name__)
+EVAL_SEED_BASE = 1_000_000  # disjoint from training seeds
+
+
+def eval_tasks(task_names: list[str], n_episodes: int, max_steps: int) -> list[Task]:
+    """n_episodes tasks spread round-robin over the task names, with fixed seeds."""
+    return [
+        Task(task_id=task_names[i % len(task_names)], seed=EVAL_SEED_BASE + i, max_steps=max_steps)
+        for i in range(n_episodes)
+    ]
+
+
+async def run_eval_episodes(tasks: list[Task], env_factory, client, adapter, store, env_cfg,
+                            sampling: dict[str, Any], version: int, concurrency: int = 4) -> dict[str, Any]:
+    """Run the tasks with `concurrency` environments; returns success/reward figures and per-task rates."""
+    from asyncwebrl.rollout.episode import run_episode
+
+    queue: asyncio.Queue[Task] = asyncio.Queue()
+    for t in tasks:
+        queue.put_nowait(t)
+    results: list[tuple[Task, Any]] = []
+    failures = 0
+
+    async def worker() -> None:
+        nonlocal failures
+        env = await _make(env_factory)
+        try:
+            while True:
+                try:
+                    task = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    traj = await run_episode(env, task, client, adapter, store, sampling, env_cfg, version,
+                                             pixel_transport="store")
+                    results.append((task, traj))
+                    if store is not None:
+                        store.free(traj.all_pixel_keys())
+                except Exception as e:  # counted, never fatal to the evaluation
+                    failures += 1
+                    log.warning("eval episode %s failed: %s", task.group_key, e)
+                    await env.close()
+                    env = await _make(env_factory)
+        finally:
+            await env.close()
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(tasks))))))
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for task, traj in results:
+        per_task[task.task_id].append(1.0 if traj.success else 0.0)
+    n = len(results)
+    return {
+        "version": version,
+        "n_episodes": n,
+        "failed_episodes": failures,
+        "success_rate": sum(1.0 for _, t in results if t.success) / n if n else 0.0,
+        "reward_mean": sum(t.reward for _, t in results) / n if n else 0.0,
+        "invalid_rate": (sum(t.n_invalid for _, t in results) / max(1, sum(len(t.steps) for _, t in results))),
+        "per_task": {k: sum(v) / len(v) for k, v in sorted(per_task.items())},
+    }
+
+
+async def _make(env_factory):
+    env = env_factory()
+    if asyncio.iscoroutine(env) or isinstance(env, asyncio.Future):
+        env = await env
+    return env
+
+
+def eval_main(cfg, checkpoint: str | None) -> int:
+    """`asyncwebrl eval`: start one embedded server on the checkpoint (or actor.path), run the
+    evaluation set of test_rollout.tasks, print and return success."""
+    import json
+
+    from asyncwebrl.inference.client import InferenceClient
+    from asyncwebrl.models.prepare import resolve_model_path
+    from asyncwebrl.models.vlm import VLMAdapter
+    from asyncwebrl.pixelstore.base import InProcessPixelStore
+    from asyncwebrl.scheduling.servers import launch_server
+    from asyncwebrl.web.tasks import resolve_task_names
+    from asyncwebrl.web.env_factory import make_env
+
+    model = checkpoint or resolve_model_path(cfg.actor.path)
+    server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
+                           startup_timeout=cfg.inference.startup_timeout_s)
+    try:
+        adapter = VLMAdapter(model)
+        client = InferenceClient([server.address], api_key=cfg.inference.api_key)
+        tasks = eval_tasks(resolve_task_names(cfg.test_rollout.tasks), cfg.test_rollout.n_episodes, cfg.env.max_steps)
+        sampling = eval_sampling(cfg, adapter)
+        figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,
+                                                InProcessPixelStore("eval"), cfg.env, sampling, version=-1))
+        print(json.dumps(figures, indent=2))
+    finally:
+        server.stop()
+    return 0
+
+
+def eval_sampling(cfg, adapter) -> dict[str, Any]:
+    return {
+        "max_new_tokens": cfg.gconfig.max_new_tokens,
+        "temperature": cfg.test_rollout.temperature,
+        "top_p": 1.0,
+        "stop_token_ids": adapter.eos_token_ids,
+    }
