@@ -14,7 +14,13 @@ class PixelStoreConfig:
     """how screenshots are held: encoded bytes or raw uint8"""
     put_timeout_s: float = 60.0
     """a put blocked by back-pressure longer than this raises"""
+    max_age_s: float = 0.0
+    """evict items older than this whatever their refcount (orphans of a dead consumer); 0 = never"""
 
     def validate(self) -> None:
         if self.capacity_mb < 1:
             raise ValueError("pixelstore.capacity_mb must be >= 1")
+        if self.put_timeout_s <= 0:
+            raise ValueError("pixelstore.put_timeout_s must be > 0")
+        if self.max_age_s < 0:
+            raise ValueError("pixelstore.max_age_s must be >= 0 (0 = never evict by age)")

@@ -1,0 +1,137 @@
+"""Admission control of the everlasting rollout pool (SPEC section 4).
+
+One rollout = one GRPO group. With B = consumer_batch_size, C = max concurrent rollouts,
+eta = max_head_offpolicyness and v = the trainer's current version:
+
+    concurrency_cap = max(1, C) - running
+    staleness_cap   = (eta + v + 1) * max(1, B) - (accepted + running)
+    capacity        = min(concurrency_cap, staleness_cap)
+
+Invariant: `try_submit` admits a rollout only while capacity > 0, atomically (check and count under
+one lock), so no interleaving of workers can exceed C running rollouts or the staleness budget.
+Counters: `enqueued` (ever admitted), `running`, `accepted` (finished and kept), `rejected`
+(failed, or dropped stale at collection). A rollout dropped at collection is moved from accepted to
+rejected, so its slot in the staleness budget is handed back and the trainer cannot starve.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class StalenessCounters:
+    """A snapshot of the manager's counters (crosses process boundaries in stats)."""
+
+    version: int
+    enqueued: int
+    running: int
+    accepted: int
+    rejected: int
+    capacity: int
+
+
+class StalenessManager:
+    """Thread-safe admission counters. Methods are cheap; call them from any thread."""
+
+    def __init__(self, consumer_batch_size: int, max_concurrent_rollouts: int, max_head_offpolicyness: int):
+        if consumer_batch_size < 1 or max_concurrent_rollouts < 1 or max_head_offpolicyness < 0:
+            raise ValueError(
+                "StalenessManager needs consumer_batch_size >= 1, max_concurrent_rollouts >= 1, "
+                f"max_head_offpolicyness >= 0 (got {consumer_batch_size}, {max_concurrent_rollouts}, "
+                f"{max_head_offpolicyness})"
+            )
+        self.batch_size = consumer_batch_size
+        self.concurrency = max_concurrent_rollouts
+        self.eta = max_head_offpolicyness
+        self._lock = threading.Lock()
+        self._version = 0
+        self.enqueued = 0
+        self.running = 0
+        self.accepted = 0
+        self.rejected = 0
+
+    # -- the admission rule -------------------------------------------------------------------
+    def capacity(self, version: int | None = None) -> int:
+        with self._lock:
+            return self._capacity(self._version if version is None else version)
+
+    def _capacity(self, version: int) -> int:
+        concurrency_cap = max(1, self.concurrency) - self.running
+        staleness_cap = (self.eta + version + 1) * max(1, self.batch_size) - (self.accepted + self.running)
+        return min(concurrency_cap, staleness_cap)
+
+    def try_submit(self) -> bool:
+        """Admit one rollout at the current version if capacity allows (check + count atomically)."""
+        with self._lock:
+            if self._capacity(self._version) <= 0:
+                return False
+            self.enqueued += 1
+            self.running += 1
+            return True
+
+    # -- transitions --------------------------------------------------------------------------
+    def on_submit(self) -> None:
+        """Count an admission decided elsewhere (the caller checked capacity itself)."""
+        with self._lock:
+            self.enqueued += 1
+            self.running += 1
+
+    def on_accept(self) -> None:
+        with self._lock:
+            self._require_running("on_accept")
+            self.running -= 1
+            self.accepted += 1
+
+    def on_reject(self) -> None:
+        with self._lock:
+            self._require_running("on_reject")
+            self.running -= 1
+            self.rejected += 1
+
+    def on_drop(self) -> None:
+        """An accepted rollout was dropped at collection (too stale): give its budget back."""
+        with self._lock:
+            if self.accepted <= 0:
+                raise RuntimeError("StalenessManager.on_drop without an accepted rollout")
+            self.accepted -= 1
+            self.rejected += 1
+
+    def _require_running(self, what: str) -> None:
+        if self.running <= 0:
+            raise RuntimeError(f"StalenessManager.{what} without a running rollout (double completion?)")
+
+    # -- versions -----------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        with self._lock:
+            self._version = version
+
+    def reseed(self, version: int) -> None:
+        """Resume from a checkpoint at `version`: accepted = v * B (nothing is running yet)."""
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        with self._lock:
+            self._version = version
+            self.accepted = version * self.batch_size
+            self.running = 0
+
+    def snapshot(self) -> StalenessCounters:
+        with self._lock:
+            return StalenessCounters(
+                version=self._version,
+                enqueued=self.enqueued,
+                running=self.running,
+                accepted=self.accepted,
+                rejected=self.rejected,
+                capacity=self._capacity(self._version),
+            )
+
+    def as_dict(self) -> dict:
+        return asdict(self.snapshot())
