@@ -40,6 +40,10 @@ class EnvConfig:
     """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
     """path of the Chromium binary Playwright launches"""
+    action_settle_ms: float = 0.0
+    """pause after each executed action before observing (for pages that animate)"""
+    wait_action_s: float = 0.2
+    """how long a Wait action waits"""
     synthetic_step_latency_ms: float = 20.0
     """synthetic env: mean latency of one environment step"""
 
@@ -50,5 +54,11 @@ class EnvConfig:
             raise ValueError("env.history_k must be >= 0")
         if self.viewport_width < 32 or self.viewport_height < 32:
             raise ValueError("env.viewport_width/height must be >= 32")
+        if self.recycle_context_every < 1:
+            raise ValueError("env.recycle_context_every must be >= 1")
+        if self.episode_time_limit_s <= 0:
+            raise ValueError("env.episode_time_limit_s must be > 0")
+        if self.action_settle_ms < 0 or self.wait_action_s < 0:
+            raise ValueError("env.action_settle_ms and env.wait_action_s must be >= 0")
         if self.type == "webgym" and not self.task_file:
             raise ValueError("env.type=webgym needs env.task_file")

@@ -1,0 +1,228 @@
+"""MiniWoB++ tasks in a real browser: the `miniwob` package's HTML served on 127.0.0.1, seeded
+episodes started through the task's own JS, reward and done read from the WOB globals.
+
+Invariants: equal (task, seed) give the same episode (`Math.seedrandom(seed)` before
+`core.startEpisodeReal()`); the real-time limit is `env.episode_time_limit_s`, not the stock 10 s;
+`StepResult.reward` is binary success (raw reward > 0, the MiniWoB convention) and `raw_reward`
+is the task's own reward before its time discount.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import http.server
+import threading
+from pathlib import Path
+from typing import Any
+
+from asyncwebrl.web.actions import execute_action
+from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
+from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
+from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.observe import ELEMENTS_FN, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+
+
+def miniwob_html_dir() -> Path:
+    import miniwob
+
+    d = Path(miniwob.__file__).parent / "html"
+    if not (d / "miniwob").is_dir():
+        raise FileNotFoundError(f"the miniwob package has no bundled HTML under {d}; reinstall `miniwob`")
+    return d
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class StaticServer:
+    """A static file server on 127.0.0.1 (ephemeral port) in a daemon thread."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        handler = functools.partial(_QuietHandler, directory=str(self.root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.origin = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"static-{self.port}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+_servers: dict[str, StaticServer] = {}
+_servers_lock = threading.Lock()
+
+
+def static_server(root: Path) -> StaticServer:
+    """The process's one server for `root`, started on first use."""
+    key = str(Path(root).resolve())
+    with _servers_lock:
+        srv = _servers.get(key)
+        if srv is None:
+            srv = _servers[key] = StaticServer(Path(key))
+        return srv
+
+
+def miniwob_server() -> StaticServer:
+    return static_server(miniwob_html_dir())
+
+
+# The reward HUD sits right of the 160 px task area and would make the page scroll sideways in a
+# task-sized viewport (jQuery dialogs then land off screen), so it is hidden.
+_START_JS = """([seed, maxMs]) => {
+  if (!document.getElementById('awr-style')) {
+    const st = document.createElement('style');
+    st.id = 'awr-style';
+    st.textContent = '#reward-display { display: none !important; } html, body { overflow: hidden !important; }';
+    document.head.appendChild(st);
+  }
+  window.scrollTo(0, 0);
+  core.EPISODE_MAX_TIME = maxMs;
+  Math.seedrandom(seed);
+  core.startEpisodeReal();
+  window.scrollTo(0, 0);
+  return WOB_TASK_READY;
+}"""
+
+_STATE_JS = "(maxN) => ({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, " \
+            "reason: WOB_REWARD_REASON, utterance: core.getUtterance(), ready: WOB_TASK_READY, " \
+            "elements: (" + ELEMENTS_FN + ")(maxN)})"
+
+
+def task_name(task_id: str) -> str:
+    return task_id.split("/", 1)[1] if task_id.startswith("miniwob/") else task_id
+
+
+class MiniWoBEnv:
+    """One browser session playing MiniWoB episodes (implements asyncwebrl.web.base.Env)."""
+
+    def __init__(self, env_cfg: EnvConfig | None = None, pool: BrowserPool | None = None):
+        self.cfg = env_cfg or EnvConfig()
+        self._pool = pool
+        self.session: BrowserSession | None = None
+        self.server = miniwob_server()
+        self.task: Task | None = None
+        self._elements: list[dict[str, Any]] = []
+        self._last_png = b""
+        self._instruction = ""
+        self._done = True
+        self.steps = 0
+
+    @property
+    def pool(self) -> BrowserPool:
+        if self._pool is None:
+            self._pool = BrowserPool.shared(self.cfg)
+        return self._pool
+
+    def task_url(self, task: Task) -> str:
+        name = task_name(task.task_id)
+        if not (self.server.root / "miniwob" / f"{name}.html").is_file():
+            raise ValueError(f"unknown MiniWoB task '{name}' (see asyncwebrl.web.tasks.MINIWOB_ALL)")
+        return f"{self.server.origin}/miniwob/{name}.html"
+
+    async def reset(self, task: Task) -> Observation:
+        url = self.task_url(task)
+        self.session = await self.pool.acquire(self.session)
+        s = self.session
+        s.policy = NavigationPolicy([self.server.origin])
+        try:
+            if s.page.url != url:
+                await s.page.goto(url, wait_until="load", timeout=30_000)
+            ready = await s.page.evaluate(_START_JS, [task.seed, int(self.cfg.episode_time_limit_s * 1000)])
+            for _ in range(100):
+                if ready:
+                    break
+                await asyncio.sleep(0.05)
+                ready = await s.page.evaluate("WOB_TASK_READY")
+            else:
+                raise EnvCrashed(f"MiniWoB task {task.task_id} did not become ready")
+            s.take_blocked()
+            s.episodes += 1
+            self.task, self._done, self.steps = task, False, 0
+            obs, _ = await self._observe()
+            self._last_png = obs.screenshot
+        except EnvCrashed:
+            raise
+        except Exception as e:
+            if not s.alive():
+                raise EnvCrashed(f"browser died while starting {task.task_id}: {e}") from e
+            raise
+        return obs
+
+    async def _observe(self) -> tuple[Observation, dict[str, Any]]:
+        page = self.session.page
+        state = await page.evaluate(_STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0)
+        png = await take_screenshot(page)
+        self._elements = state["elements"]
+        if not state["done"]:
+            self._instruction = state["utterance"]
+        if self.cfg.set_of_marks:
+            png = draw_set_of_marks(png, self._elements)
+        obs = Observation(screenshot=png, instruction=self._instruction, elements=self._elements, url=page.url)
+        return obs, state
+
+    async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
+        if self.session is None or self.task is None:
+            raise RuntimeError("step() before reset()")
+        s = self.session
+        prev_png = self._last_png
+        info: dict[str, Any] = {}
+        executed = False
+        try:
+            if self._done:
+                info["error"] = "episode already done"
+            elif action is None:
+                info["error"] = "unparsable action"
+            else:
+                executed, why = await execute_action(
+                    s.page, action, self._elements, self.cfg.coord_mode,
+                    self.cfg.viewport_width, self.cfg.viewport_height)
+                if why:
+                    info["error"] = why
+                if self.cfg.action_settle_ms > 0:
+                    await asyncio.sleep(self.cfg.action_settle_ms / 1000)
+            obs, state = await self._observe()
+        except EnvCrashed:
+            raise
+        except Exception as e:
+            if not s.alive():
+                raise EnvCrashed(f"browser died during {self.task.task_id}: {e}") from e
+            info["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            obs, state = await self._observe_or_crash()
+            executed = False
+        blocked = s.take_blocked()
+        if blocked:
+            info["blocked"] = blocked
+            executed = False
+        self.steps += 1
+        done = bool(state["done"])
+        raw = float(state["raw"] or 0.0) if done else 0.0
+        success = done and raw > 0
+        self._done = self._done or done
+        self._last_png = obs.screenshot
+        res = StepResult(
+            reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
+            invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png,
+            info={**info, "discounted_reward": float(state["reward"] or 0.0) if done else 0.0,
+                  "reason": state.get("reason")},
+        )
+        return obs, res
+
+    async def _observe_or_crash(self) -> tuple[Observation, dict[str, Any]]:
+        try:
+            return await self._observe()
+        except Exception as e:
+            if self.session is None or not self.session.alive():
+                raise EnvCrashed(f"browser died: {e}") from e
+            raise
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.pool.release(self.session)
+            self.session = None

@@ -1,0 +1,120 @@
+"""What the agent sees: the viewport screenshot, the list of interactive elements, and the optional
+set-of-marks overlay.
+
+Invariant: element ids are 1..N in document order of the CURRENT observation, and each element's
+box is in viewport pixels, so `click [id]` and `Click [x, y]` address the same screen the model saw.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+MAX_ELEMENTS = 40
+"""cap on listed elements: the list is prompt text, and prompt length dominates CPU cost"""
+
+# A JS function expression: (maxN) -> [{id, role, name, box:[x,y,w,h]}]. Interactive = form
+# controls, links, ARIA roles, click handlers, or a pointer cursor (MiniWoB styles its links that way).
+ELEMENTS_FN = r"""
+(maxN) => {
+  const W = window.innerWidth, H = window.innerHeight;
+  const SEL = 'a[href],button,input,select,textarea,summary,[role=button],[role=link],[role=tab],' +
+              '[role=checkbox],[role=radio],[role=menuitem],[role=option],[onclick],[tabindex]';
+  const roleOf = (e) => {
+    const r = e.getAttribute('role'); if (r) return r;
+    const t = e.tagName.toLowerCase();
+    if (t === 'a') return 'link';
+    if (t === 'button' || t === 'summary') return 'button';
+    if (t === 'select') return 'combobox';
+    if (t === 'textarea') return 'textbox';
+    if (t === 'input') {
+      const ty = (e.getAttribute('type') || 'text').toLowerCase();
+      if (ty === 'checkbox' || ty === 'radio') return ty;
+      if (ty === 'submit' || ty === 'button' || ty === 'reset') return 'button';
+      return 'textbox';
+    }
+    return 'clickable';
+  };
+  const nameOf = (e) => {
+    let n = e.getAttribute('aria-label') || '';
+    if (!n && e.labels && e.labels.length) n = e.labels[0].innerText;
+    if (!n && (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA'))
+      n = e.value || e.getAttribute('placeholder') || '';
+    if (!n) n = e.innerText || e.textContent || '';
+    if (!n) n = e.getAttribute('title') || e.getAttribute('alt') || '';
+    n = n.replace(/\s+/g, ' ').trim();
+    return n.length > 40 ? n.slice(0, 40) : n;
+  };
+  const seen = new Set(), out = [], kept = [];
+  const consider = (e) => {
+    if (seen.has(e) || out.length >= maxN) return;
+    seen.add(e);
+    if (e.id === 'sync-task-cover' || e.disabled) return;
+    const name = nameOf(e);
+    // a control nested in an already listed one with the same label (tab <li> holding its <a>)
+    for (const o of kept) if (o.contains(e) && o.__awrName === name) return;
+    const r = e.getBoundingClientRect();
+    if (r.width < 1 || r.height < 1 || r.right <= 0 || r.bottom <= 0 || r.left >= W || r.top >= H) return;
+    const s = getComputedStyle(e);
+    if (s.visibility === 'hidden' || s.display === 'none' || s.opacity === '0') return;
+    const x = Math.max(0, r.left), y = Math.max(0, r.top);
+    e.__awrName = name; kept.push(e);
+    const rec = {id: out.length + 1, role: roleOf(e), name: name,
+                 box: [Math.round(x), Math.round(y), Math.round(Math.min(W, r.right) - x),
+                       Math.round(Math.min(H, r.bottom) - y)]};
+    if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
+    // a point where the element itself receives the click (siblings may overlap its center)
+    const [bx, by, bw, bh] = rec.box;
+    for (const [fx, fy] of [[.5, .5], [.25, .25], [.75, .25], [.25, .75], [.75, .75], [.5, .15], [.5, .85], [.15, .5], [.85, .5]]) {
+      const px = bx + bw * fx, py = by + bh * fy, hit = document.elementFromPoint(px, py);
+      if (hit && (hit === e || e.contains(hit))) { rec.point = [Math.round(px), Math.round(py)]; break; }
+    }
+    out.push(rec);
+  };
+  const all = document.body ? document.body.getElementsByTagName('*') : [];
+  for (const e of all) {
+    if (out.length >= maxN) break;
+    if (e.matches(SEL)) { consider(e); continue; }
+    if (getComputedStyle(e).cursor === 'pointer' &&
+        !(e.parentElement && getComputedStyle(e.parentElement).cursor === 'pointer')) consider(e);
+  }
+  return out;
+}
+"""
+
+
+def elements_text(elements: list[dict[str, Any]]) -> str:
+    """One short line per element: `[3] button "Submit"` (what the prompt shows)."""
+    return "\n".join(
+        f"[{e['id']}] {e['role']} \"{e['name']}\"" + (" (checked)" if e.get("checked") else "") for e in elements
+    )
+
+
+def element_by_id(elements: list[dict[str, Any]], eid: int) -> dict[str, Any] | None:
+    for e in elements:
+        if e.get("id") == eid:
+            return e
+    return None
+
+
+def draw_set_of_marks(png: bytes, elements: list[dict[str, Any]]) -> bytes:
+    """The screenshot with each element's box outlined and its id written at the box's corner."""
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    draw = ImageDraw.Draw(img)
+    for e in elements:
+        x, y, w, h = e["box"]
+        draw.rectangle([x, y, x + max(w - 1, 0), y + max(h - 1, 0)], outline=(255, 0, 0))
+        label = str(e["id"])
+        tw = 6 * len(label) + 2
+        draw.rectangle([x, y, x + tw, y + 10], fill=(255, 0, 0))
+        draw.text((x + 1, y - 1), label, fill=(255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+async def take_screenshot(page) -> bytes:
+    """PNG bytes of the viewport (no animations wait: pages here are static between actions)."""
+    return await page.screenshot(type="png", animations="allow", caret="initial", timeout=10_000)

@@ -1,0 +1,143 @@
+"""Scripted solvers for MiniWoB tasks. They read only what the model reads (instruction and element
+list) and answer in the model's own action grammar, executed through the normal step path, so they
+prove the reward path end to end and give demonstrations for a behaviour-cloning warm-up.
+
+Invariant: an oracle returns action TEXT (e.g. 'click [3]'), never a dict, so every demonstration
+is a string the policy could have emitted and `parse_action` accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from asyncwebrl.web.actions import parse_action
+from asyncwebrl.web.base import Env, Observation, Task
+
+Elements = list[dict[str, Any]]
+
+
+def _quoted(instruction: str) -> str:
+    m = re.search(r'"([^"]*)"', instruction)
+    return m.group(1) if m else ""
+
+
+def _find(elements: Elements, name: str | None = None, role: str | None = None) -> dict[str, Any] | None:
+    for e in elements:
+        if (name is None or e["name"] == name) and (role is None or e["role"] == role):
+            return e
+    return None
+
+
+def _click(e: dict[str, Any] | None) -> str:
+    return f"click [{e['id']}]" if e else "Wait"
+
+
+def _click_test(obs: Observation) -> str:
+    return _click(_find(obs.elements, role="button"))
+
+
+def _click_test_2(obs: Observation) -> str:
+    m = re.search(r"button (\w+)", obs.instruction)
+    return _click(_find(obs.elements, name=m.group(1) if m else "ONE", role="button"))
+
+
+def _click_button(obs: Observation) -> str:
+    return _click(_find(obs.elements, name=_quoted(obs.instruction), role="button"))
+
+
+def _click_link(obs: Observation) -> str:
+    return _click(_find(obs.elements, name=_quoted(obs.instruction)))
+
+
+def _click_dialog(obs: Observation) -> str:
+    return _click(_find(obs.elements, name="Close", role="button"))
+
+
+def _click_dialog_2(obs: Observation) -> str:
+    label = _quoted(obs.instruction)
+    return _click(_find(obs.elements, name="Close" if label == "x" else label, role="button"))
+
+
+def _focus_text(obs: Observation) -> str:
+    return _click(_find(obs.elements, role="textbox"))
+
+
+def _focus_text_2(obs: Observation) -> str:
+    m = re.search(r"(\d)(?:st|nd|rd|th)", obs.instruction)
+    boxes = [e for e in obs.elements if e["role"] == "textbox"]
+    k = int(m.group(1)) - 1 if m else 0
+    return _click(boxes[k] if 0 <= k < len(boxes) else None)
+
+
+def _click_tab(obs: Observation) -> str:
+    m = re.search(r"Tab #(\d+)", obs.instruction)
+    return _click(_find(obs.elements, name=f"Tab #{m.group(1)}" if m else ""))
+
+
+def _enter_text(obs: Observation) -> str:
+    target = _quoted(obs.instruction)
+    box = _find(obs.elements, role="textbox")
+    if box is not None and box["name"] != target:
+        return f"type [{box['id']}] [{target}]"
+    return _click(_find(obs.elements, name="Submit", role="button"))
+
+
+def _select_then_submit(obs: Observation, wanted: list[str], role: str) -> str:
+    for e in obs.elements:
+        if e["role"] == role and (e["name"] in wanted) != bool(e.get("checked")):
+            return _click(e)
+    return _click(_find(obs.elements, name="Submit", role="button"))
+
+
+def _click_checkboxes(obs: Observation) -> str:
+    m = re.match(r"Select (.*) and click Submit", obs.instruction)
+    items = m.group(1) if m else ""
+    wanted = [] if items == "nothing" else [s.strip() for s in items.split(",")]
+    return _select_then_submit(obs, wanted, "checkbox")
+
+
+def _click_option(obs: Observation) -> str:
+    m = re.match(r"Select (.*) and click Submit", obs.instruction)
+    wanted = [m.group(1).strip()] if m else []
+    for e in obs.elements:
+        if e["role"] == "radio" and e["name"] in wanted and not e.get("checked"):
+            return _click(e)
+    return _click(_find(obs.elements, name="Submit", role="button"))
+
+
+ORACLES: dict[str, Callable[[Observation], str]] = {
+    "click-test": _click_test,
+    "click-test-2": _click_test_2,
+    "click-button": _click_button,
+    "click-link": _click_link,
+    "click-dialog": _click_dialog,
+    "click-dialog-2": _click_dialog_2,
+    "focus-text": _focus_text,
+    "focus-text-2": _focus_text_2,
+    "click-tab": _click_tab,
+    "enter-text": _enter_text,
+    "click-checkboxes": _click_checkboxes,
+    "click-option": _click_option,
+}
+
+
+def oracle_action(task_id: str, obs: Observation) -> str:
+    """The oracle's next action text for a MiniWoB task ('miniwob/NAME' or 'NAME')."""
+    name = task_id.split("/", 1)[1] if task_id.startswith("miniwob/") else task_id
+    if name not in ORACLES:
+        raise KeyError(f"no oracle for '{name}'; oracles exist for: {', '.join(ORACLES)}")
+    return ORACLES[name](obs)
+
+
+async def run_oracle_episode(env: Env, task: Task, max_steps: int | None = None) -> tuple[bool, list[tuple[Observation, str]]]:
+    """Play one episode with the oracle through env.step; (success, [(observation, action text)])."""
+    obs = await env.reset(task)
+    demo: list[tuple[Observation, str]] = []
+    for _ in range(max_steps or max(task.max_steps, 8)):
+        text = oracle_action(task.task_id, obs)
+        demo.append((obs, text))
+        obs, res = await env.step(parse_action(text))
+        if res.done:
+            return res.success, demo
+    return False, demo

@@ -1,0 +1,131 @@
+"""Task registry (named MiniWoB subsets), the deterministic task sampler the trainer checkpoints,
+and the environment factory.
+
+Invariant: the i-th task a `TaskSampler` hands out is a pure function of (its task list, seed, i),
+so `state_dict()` = {seed, count} is enough to resume exactly where a checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from asyncwebrl.web.base import Env, Task
+from asyncwebrl.web.config import EnvConfig
+
+MINIWOB_EASY = [
+    "click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-dialog-2",
+    "focus-text", "focus-text-2", "click-tab",
+]
+"""single-step tasks on small screens: what a 135M policy can plausibly learn in a short run"""
+
+MINIWOB_ORACLE = [
+    "click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-dialog-2",
+    "focus-text", "focus-text-2", "click-tab", "enter-text", "click-checkboxes", "click-option",
+]
+"""tasks with a scripted oracle solver (asyncwebrl.web.oracles)"""
+
+
+def miniwob_all() -> list[str]:
+    from asyncwebrl.web.miniwob import miniwob_html_dir
+
+    return sorted(p.stem for p in (miniwob_html_dir() / "miniwob").glob("*.html"))
+
+
+SUBSETS = {
+    "miniwob-easy": lambda: list(MINIWOB_EASY),
+    "miniwob-oracle": lambda: list(MINIWOB_ORACLE),
+    "miniwob-all": miniwob_all,
+}
+
+
+def resolve_task_names(spec: str | list[str]) -> list[str]:
+    """Subset names and task names (comma-separated or a list) -> MiniWoB task names, checked."""
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    if not items:
+        raise ValueError("env.tasks is empty; name a subset (miniwob-easy, miniwob-all) or tasks")
+    known = set(miniwob_all())
+    out: list[str] = []
+    for it in items:
+        if it in SUBSETS:
+            out.extend(SUBSETS[it]())
+            continue
+        name = it.split("/", 1)[1] if it.startswith("miniwob/") else it
+        if name not in known:
+            raise ValueError(f"unknown MiniWoB task or subset '{it}'; subsets: {', '.join(SUBSETS)}")
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+class TaskSampler:
+    """Endless, seeded stream of tasks: shuffled passes over the task list, a fresh seed each draw."""
+
+    def __init__(self, tasks: list[str] | list[Task], seed: int = 0, max_steps: int = 4, prefix: str = "miniwob/"):
+        if not tasks:
+            raise ValueError("TaskSampler needs at least one task")
+        self.templates: list[Task] = [
+            t if isinstance(t, Task) else Task(task_id=t if "/" in t else prefix + t, max_steps=max_steps)
+            for t in tasks
+        ]
+        self.seed = int(seed)
+        self.count = 0
+
+    def _task_at(self, i: int) -> Task:
+        n = len(self.templates)
+        epoch, pos = divmod(i, n)
+        order = list(range(n))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        tpl = self.templates[order[pos]]
+        ep_seed = random.Random(f"{self.seed}:{i}").randrange(2**31)
+        return Task(task_id=tpl.task_id, seed=ep_seed, max_steps=tpl.max_steps,
+                    instruction=tpl.instruction, spec=dict(tpl.spec))
+
+    def next(self) -> Task:
+        t = self._task_at(self.count)
+        self.count += 1
+        return t
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Task:
+        return self.next()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "count": self.count, "n_tasks": len(self.templates)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("n_tasks", len(self.templates)) != len(self.templates):
+            raise ValueError(
+                f"sampler state was saved over {state['n_tasks']} tasks, this sampler has {len(self.templates)}")
+        self.seed = int(state["seed"])
+        self.count = int(state["count"])
+
+
+def make_task_sampler(env_cfg: EnvConfig, seed: int = 0) -> TaskSampler:
+    """The task stream of a run's environment kind."""
+    if env_cfg.type == "webgym":
+        from asyncwebrl.web.webgym import load_task_file
+
+        return TaskSampler(load_task_file(env_cfg.task_file), seed=seed)
+    if env_cfg.type == "miniwob":
+        return TaskSampler(resolve_task_names(env_cfg.tasks), seed=seed, max_steps=env_cfg.max_steps)
+    names = [s.strip() for s in env_cfg.tasks.split(",") if s.strip()] or ["synthetic"]
+    return TaskSampler(names, seed=seed, max_steps=env_cfg.max_steps, prefix="synthetic/")
+
+
+def make_env(env_cfg: EnvConfig, pool: Any = None, **kwargs: Any) -> Env:
+    """An environment of `env_cfg.type`; browser kinds share `pool` (default: the loop's shared pool)."""
+    if env_cfg.type == "miniwob":
+        from asyncwebrl.web.miniwob import MiniWoBEnv
+
+        return MiniWoBEnv(env_cfg, pool=pool)
+    if env_cfg.type == "webgym":
+        from asyncwebrl.web.webgym import WebGymEnv
+
+        return WebGymEnv(env_cfg, pool=pool, **kwargs)
+    if env_cfg.type == "synthetic":
+        from asyncwebrl.web.synthetic import SyntheticWebEnv
+
+        return SyntheticWebEnv(env_cfg, **kwargs)
+    raise ValueError(f"unknown env.type '{env_cfg.type}' (miniwob, webgym, synthetic)")
