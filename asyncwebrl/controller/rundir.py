@@ -80,8 +80,10 @@ class RunDir:
         """start/end as returned by `now()`."""
         self._append("timeline.jsonl", {"step": step, "phase": phase, "start": round(start, 4), "end": round(end, 4)})
 
-    def keep_episode(self, traj, version: int, screenshots: list[bytes | None]) -> bool:
-        """Reservoir-sample one finished episode (with the screenshots of its steps) for the viewer."""
+    def keep_episode(self, traj, version: int, screenshots) -> bool:
+        """Reservoir-sample one finished episode (with the screenshots of its steps) for the viewer.
+        `screenshots` is a list (one PNG or None per step) or a callable returning it, called only
+        for episodes that are kept (so pixels are fetched only for the sample)."""
         with self._lock:
             self._seen += 1
             if len(self._kept) < self.keep_episodes:
@@ -91,6 +93,8 @@ class RunDir:
                 if j >= self.keep_episodes:
                     return False
                 evict = self._kept[j]
+            if callable(screenshots):
+                screenshots = screenshots()
             d = self.root / "episodes" / traj.traj_id
             d.mkdir(parents=True, exist_ok=True)
             steps = []

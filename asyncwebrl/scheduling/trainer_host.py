@@ -1,0 +1,132 @@
+"""Hosting the trainer ranks: as Ray actors in the actor placement group, or in-process (local).
+
+Both hosts offer the same calls to the controller (`TrainerGroup`): train_step, broadcast_weights,
+save_checkpoint, load_checkpoint. Every call goes to all ranks at once (FSDP collectives need every
+rank); rank 0's answer is returned.
+Invariant: the weight-broadcast group lives on rank 0 only, beside (not instead of) the ranks'
+default FSDP group.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class TrainerRank:
+    """One trainer rank: an FSDPActor plus, on rank 0, the weight broadcaster to train-rollout servers."""
+
+    def __init__(self, actor_cfg, rank: int, world_size: int, master_addr: str, master_port: int,
+                 device: str = "cpu", cpu_threads: int | None = None):
+        import torch
+
+        if cpu_threads:
+            # Ray pins fractional-CPU actors to one thread; the trainer needs the cores it shares.
+            torch.set_num_threads(cpu_threads)
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+        from asyncwebrl.training.actor import FSDPActor
+
+        self.rank = rank
+        self.cfg = actor_cfg
+        self.actor = FSDPActor(actor_cfg, rank=rank, world_size=world_size, master_addr=master_addr,
+                               master_port=master_port, device=device)
+        self.broadcaster = None
+
+    def ready(self) -> bool:
+        return True
+
+    def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
+        return self.actor.train_step(groups, pixel_store=pixel_store)
+
+    def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
+        if self.rank != 0:
+            return
+        from asyncwebrl.training.weight_sync import WeightBroadcaster
+
+        self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port)
+        self.broadcaster.init_group()
+
+    def broadcast_weights(self, version: int) -> dict[str, Any]:
+        """Gather full parameters (all ranks take part), then rank 0 broadcasts them to the servers."""
+        named = self.actor.state_dict_for_broadcast()
+        if self.rank != 0:
+            return {}
+        if self.broadcaster is None:
+            raise RuntimeError("broadcast_weights before init_weight_group")
+        return self.broadcaster.broadcast(named, version) or {}
+
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
+        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last)
+        return str(path) if path is not None else None
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self.actor.load_checkpoint(path)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+        self.actor.close()
+
+
+class TrainerGroup:
+    """The controller's handle on all ranks, whichever scheduler hosts them."""
+
+    def __init__(self, ranks: list[Any], remote: bool):
+        self.ranks = ranks
+        self.remote = remote
+
+    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+        if not self.remote:
+            return [getattr(r, method)(*args, **kwargs) for r in self.ranks]
+        import ray
+
+        return ray.get([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
+
+    def train_step(self, groups, pixel_store=None) -> dict[str, Any]:
+        return self._all("train_step", groups, pixel_store)[0]
+
+    def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
+        self._all("init_weight_group", server_addresses, api_key)
+
+    def broadcast_weights(self, version: int) -> dict[str, Any]:
+        return self._all("broadcast_weights", version)[0]
+
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
+        return self._all("save_checkpoint", root, extra_state, keep_last)[0]
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self._all("load_checkpoint", path)[0]
+
+    def close(self) -> None:
+        try:
+            self._all("close")
+        except Exception:
+            pass
+
+
+def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
+    """Start actor.world_size ranks: Ray actors in the actor placement group, or in-process (local,
+    one rank; several local ranks are spawned by the FSDP tests' launcher, not by the controller)."""
+    from asyncwebrl.scheduling.servers import free_port
+
+    world = cfg.allocation.actor.world_size
+    port = free_port()
+    threads = os.cpu_count() if cfg.cluster.n_gpus_per_node == 0 else None
+    if scheduler is None:
+        if world != 1:
+            raise NotImplementedError(
+                "scheduler.type=local hosts one trainer rank in the controller process; use scheduler.type=ray "
+                "for fsdp[actor]:dN with N > 1"
+            )
+        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, "127.0.0.1", port, device, cpu_threads=None)], remote=False)
+    import ray
+
+    remote_cls = ray.remote(max_restarts=0)(TrainerRank)
+    ranks = [scheduler.start("actor", remote_cls, cfg.actor, r, world, "127.0.0.1", port,
+                             "cuda:0" if cfg.cluster.n_gpus_per_node else "cpu", threads, index=r)
+             for r in range(world)]
+    ray.get([r.ready.remote() for r in ranks])
+    return TrainerGroup(ranks, remote=True)
