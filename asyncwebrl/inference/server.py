@@ -1,0 +1,448 @@
+"""The embedded `hf` inference server: SGLang's native HTTP API (SPEC section 3) over `HFEngine`.
+
+`asyncwebrl serve --backend hf --model PATH --host 127.0.0.1 --port N [--api-key K]` runs it; tests
+and other components start it with `start_server_subprocess(...)` + `wait_healthy(...)`, or
+in-process with `launch_in_thread(...)`.
+
+Invariants: binds 127.0.0.1 unless told otherwise; with an API key every request without
+`Authorization: Bearer KEY` gets 401; a malformed request gets HTTP 400 {"success": false,
+"message": ...} and the server keeps serving; weight operations are serialized with each other and
+run with generation paused (engine.exclusive), never concurrently with a forward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine
+from asyncwebrl.inference.protocol import (
+    REQUEST_TYPES,
+    GenerateRequest,
+    ProtocolError,
+    error,
+    ok,
+    parse_request,
+)
+from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 256 * 2**20
+
+
+class InferenceServer:
+    """HTTP front of one engine (one server per device, tp=1)."""
+
+    def __init__(self, engine: HFEngine, *, api_key: str | None = None, weight_sync_timeout_s: float = 120.0,
+                 server_args: dict[str, Any] | None = None):
+        self.engine = engine
+        self.api_key = api_key
+        self.weight_sync_timeout_s = weight_sync_timeout_s
+        self.server_args = server_args or {}
+        self.groups: dict[str, WeightUpdateGroup] = {}
+        self._weights_lock = asyncio.Lock()
+        self.started = time.time()
+
+    # ---- app ---------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY_BYTES)
+        post: dict[str, Callable[[Any], Awaitable[web.StreamResponse]]] = {
+            "/generate": self.generate,
+            "/pause_generation": self.pause_generation,
+            "/continue_generation": self.continue_generation,
+            "/flush_cache": self.flush_cache,
+            "/abort_request": self.abort_request,
+            "/init_weights_update_group": self.init_weights_update_group,
+            "/update_weights_from_distributed": self.update_weights_from_distributed,
+            "/destroy_weights_update_group": self.destroy_weights_update_group,
+            "/update_weights_from_disk": self.update_weights_from_disk,
+            "/update_weight_version": self.update_weight_version,
+        }
+        for path, handler in post.items():
+            app.router.add_post(path, self._with_body(path, handler))
+        app.router.add_get("/flush_cache", self._with_body("/flush_cache", self.flush_cache))
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/weights_checksum", self.weights_checksum)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler):
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response(error("missing or wrong API key (Authorization: Bearer KEY)"), status=401)
+        try:
+            return await handler(request)
+        except ProtocolError as e:
+            return web.json_response(error(str(e)), status=400)
+        except web.HTTPException as e:
+            if e.status >= 400:
+                return web.json_response(error(f"{e.reason}: {request.method} {request.path}"), status=e.status)
+            raise
+        except Exception as e:  # keep serving; the caller gets the reason
+            log.exception("%s failed", request.path)
+            return web.json_response(error(f"{type(e).__name__}: {e}"), status=500)
+
+    def _with_body(self, path: str, handler):
+        cls = REQUEST_TYPES[path]
+
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            raw = await request.read()
+            if raw.strip():
+                try:
+                    body = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise ProtocolError(f"malformed JSON body: {e}") from None
+            else:
+                body = {}
+            return await handler(parse_request(cls, body), request)
+
+        return wrapped
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        await self._run(self.engine.stop)
+        for g in self.groups.values():
+            g.destroy()
+
+    # ---- generation --------------------------------------------------------------------------------
+    async def generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[EngineResult] = loop.create_future()
+        updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if req.stream else None
+
+        def on_done(res: EngineResult) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(res))
+
+        def on_token(r: EngineRequest) -> None:
+            snap = {"output_ids": list(r.output_ids), "logprobs": list(r.logprobs), "versions": list(r.versions)}
+            loop.call_soon_threadsafe(updates.put_nowait, snap)
+
+        ereq = await self._run(self.engine.prepare, req, on_done, on_token if req.stream else None)
+        self.engine.submit(ereq)
+        try:
+            if not req.stream:
+                return web.json_response(self._generate_body(req, await done))
+            return await self._stream(req, ereq, request, done, updates)
+        except asyncio.CancelledError:  # the client went away: do not keep generating for nobody
+            await self._run(lambda: self.engine.abort(rid=ereq.rid, message="client disconnected"))
+            raise
+
+    async def _stream(self, req, ereq, request, done, updates) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        tok = self.engine.adapter.tokenizer
+        while not done.done():
+            getter = asyncio.ensure_future(updates.get())
+            await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            snap = getter.result()
+            chunk = {
+                "text": tok.decode(snap["output_ids"], skip_special_tokens=req.sampling_params.skip_special_tokens),
+                "output_ids": snap["output_ids"],
+                "meta_info": {"id": ereq.rid, "finish_reason": None, "prompt_tokens": len(ereq.input_ids),
+                              "completion_tokens": len(snap["output_ids"]),
+                              "weight_version": self.engine.weight_version},
+            }
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(f"data: {json.dumps(self._generate_body(req, await done))}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _generate_body(req: GenerateRequest, res: EngineResult) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": res.rid,
+            "finish_reason": res.finish_reason,
+            "prompt_tokens": res.prompt_tokens,
+            "completion_tokens": len(res.output_ids),
+            "cached_tokens": 0,
+            "weight_version": res.weight_version,
+            "e2e_latency": res.latency_s,
+            # extension (real SGLang lacks it): the version that produced each token
+            "output_token_versions": res.versions,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.logprobs, res.output_ids)]
+        return {"text": res.text, "output_ids": res.output_ids, "meta_info": meta}
+
+    async def pause_generation(self, req, request) -> web.Response:
+        n = 0
+        if req.mode == "abort":
+            n = await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by pause_generation"))
+        await self._run(self.engine.pause)
+        return web.json_response(ok(f"paused ({req.mode}); {n} aborted", **self.engine.load_info()))
+
+    async def continue_generation(self, req, request) -> web.Response:
+        self.engine.resume()
+        return web.json_response(ok("resumed"))
+
+    async def flush_cache(self, req, request) -> web.Response:
+        # the hf engine keeps no prefix cache beyond running sequences' own KV: nothing to drop
+        return web.json_response(ok("Cache flushed."))
+
+    async def abort_request(self, req, request) -> web.Response:
+        n = await self._run(lambda: self.engine.abort(rid=req.rid or None, abort_all=req.abort_all))
+        return web.json_response(ok(f"aborted {n} request(s)", n_aborted=n))
+
+    # ---- weights -----------------------------------------------------------------------------------
+    async def init_weights_update_group(self, req, request) -> web.Response:
+        async with self._weights_lock:
+            if req.group_name in self.groups:
+                raise ProtocolError(f"group '{req.group_name}' exists; destroy it first")
+            group = await self._run(lambda: WeightUpdateGroup(req, self.engine.device, self.weight_sync_timeout_s))
+            self.groups[req.group_name] = group
+        return web.json_response(ok(f"joined group '{req.group_name}' as rank {req.rank_offset}/{req.world_size}"))
+
+    async def update_weights_from_distributed(self, req, request) -> web.Response:
+        group = self.groups.get(req.group_name)
+        if group is None:
+            raise ProtocolError(f"no weight update group '{req.group_name}'; call /init_weights_update_group first")
+
+        def work() -> int:
+            with self.engine.exclusive(abort_all=req.abort_all_requests):
+                n = receive_bucket(self.engine, group, req)
+                if req.weight_version is not None:
+                    self.engine.weight_version = req.weight_version
+                return n
+
+        async with self._weights_lock:
+            t0 = time.perf_counter()
+            nbytes = await self._run(work)
+        return web.json_response(ok(
+            f"received {len(req.names)} tensors ({nbytes} bytes) in {time.perf_counter() - t0:.3f}s",
+            weight_version=self.engine.weight_version,
+        ))
+
+    async def destroy_weights_update_group(self, req, request) -> web.Response:
+        async with self._weights_lock:
+            group = self.groups.pop(req.group_name, None)
+            if group is None:
+                raise ProtocolError(f"no weight update group '{req.group_name}'")
+            await self._run(group.destroy)
+        return web.json_response(ok(f"destroyed group '{req.group_name}'"))
+
+    async def update_weights_from_disk(self, req, request) -> web.Response:
+        def work() -> int:
+            with self.engine.exclusive(abort_all=req.abort_all_requests):
+                n = load_from_disk(self.engine, req)
+                if req.weight_version is not None:
+                    self.engine.weight_version = req.weight_version
+                return n
+
+        async with self._weights_lock:
+            n = await self._run(work)
+        return web.json_response(ok(f"loaded {n} tensors from {req.model_path}",
+                                    weight_version=self.engine.weight_version, num_paused_requests=0))
+
+    async def update_weight_version(self, req, request) -> web.Response:
+        if req.abort_all_requests:
+            await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by update_weight_version"))
+        self.engine.weight_version = req.new_version
+        return web.json_response(ok(f"weight version is now {req.new_version}", new_version=req.new_version))
+
+    # ---- info --------------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        alive = self.engine._thread is not None and self.engine._thread.is_alive()
+        if not alive:
+            return web.json_response(error("engine thread is not running"), status=503)
+        return web.json_response(ok("healthy"))
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        e = self.engine
+        return web.json_response({
+            "model_path": e.model_path,
+            "tokenizer_path": e.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": e.weight_version,
+            "model_type": e.model.config.model_type,
+            "context_length": e.context_len,
+            "eos_token_ids": sorted(e.eos_ids),
+            "n_parameters": sum(p.numel() for p in e.model.parameters()),
+        })
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        e = self.engine
+        return web.json_response({
+            **self.server_args,
+            "backend": "hf",
+            "version": "asyncwebrl-hf",
+            "weight_version": e.weight_version,
+            "paused": e.paused,
+            "max_batch_size": e.max_batch_size,
+            "context_length": e.context_len,
+            "weight_update_groups": sorted(self.groups),
+            "uptime_s": time.time() - self.started,
+            **e.load_info(),
+            "stats": dict(e.stats),
+        })
+
+    async def weights_checksum(self, request: web.Request) -> web.Response:
+        digest = await self._run(self.engine.weights_checksum)
+        return web.json_response({"sha256": digest, "weight_version": self.engine.weight_version})
+
+
+# ---- entry points -----------------------------------------------------------------------------------
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """`asyncwebrl serve` (blocks until SIGINT/SIGTERM)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if getattr(args, "backend", "hf") != "hf":
+        print(f"backend '{args.backend}' is served by its own launcher (see sglang_launcher)", file=sys.stderr)
+        return 2
+    engine = HFEngine(
+        args.model,
+        device=getattr(args, "device", "cpu"),
+        dtype=getattr(args, "dtype", "float32"),
+        max_batch_size=getattr(args, "max_batch_size", 32),
+        max_context_len=getattr(args, "max_context_len", 4096),
+        seed=getattr(args, "seed", 0),
+        weight_version=str(getattr(args, "weight_version", "0")),
+    )
+    engine.start()
+    server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
+    srv = InferenceServer(engine, api_key=args.api_key, server_args=server_args,
+                          weight_sync_timeout_s=float(os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
+    print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
+    web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """A server started as a subprocess (`asyncwebrl serve ...`)."""
+
+    proc: subprocess.Popen
+    address: str
+    log_path: str | None = None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout_s)
+
+    def log_tail(self, n: int = 4000) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+
+def start_server_subprocess(
+    model: str = "default",
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = 32,
+    max_context_len: int = 4096,
+    log_path: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Start `python -m asyncwebrl.cli serve ...`; port 0 picks a free one. Follow with wait_healthy."""
+    port = port or free_port(host)
+    cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model,
+           "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
+           "--max-batch-size", str(max_batch_size), "--max-context-len", str(max_context_len)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return ServerProcess(proc, f"http://{host}:{port}", log_path)
+
+
+def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess | None = None,
+                 api_key: str | None = None) -> None:
+    """Poll GET /health until 200; RuntimeError if the process exits or the time runs out."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    while time.monotonic() < deadline:
+        if proc is not None and proc.proc.poll() is not None:
+            raise RuntimeError(f"server at {address} exited with {proc.proc.returncode}:\n{proc.log_tail()}")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{address}/health", headers=headers), timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"server at {address} not healthy after {timeout_s:.0f}s")
+
+
+@dataclass
+class ThreadServer:
+    """A server running in a background thread of this process (tests, benchmarks)."""
+
+    engine: HFEngine
+    address: str
+    _loop: asyncio.AbstractEventLoop
+    _runner: web.AppRunner
+    _thread: threading.Thread
+
+    def stop(self) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        fut.result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = "127.0.0.1",
+                     api_key: str | None = None) -> ThreadServer:
+    """Serve an (already started) engine from a background thread; returns once it accepts requests."""
+    port = port or free_port(host)
+    loop = asyncio.new_event_loop()
+    srv = InferenceServer(engine, api_key=api_key)
+    runner = web.AppRunner(srv.app(), access_log=None)
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, host, port).start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, name="hf-server", daemon=True)
+    t.start()
+    if not ready.wait(60):
+        raise RuntimeError("in-thread server did not start")
+    return ThreadServer(engine, f"http://{host}:{port}", loop, runner, t)
