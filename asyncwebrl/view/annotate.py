@@ -87,14 +87,16 @@ def _point_of(a: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-def action_mark(action: dict[str, Any] | None, invalid: bool, size: tuple[int, int]) -> ActionMark:
-    """Interpret a parsed action for drawing; `size` is the screenshot's (width, height) in pixels."""
+def action_mark(action: dict[str, Any] | None, invalid: bool, size: tuple[int, int],
+                coord_mode: str = "pixel") -> ActionMark:
+    """Interpret a parsed action for drawing; `size` is the screenshot's (width, height) in pixels and
+    `coord_mode` the run's env.coord_mode ("pixel" or "norm1000": x, y in 0-1000 of the viewport)."""
     if not isinstance(action, dict):
         return ActionMark(kind="invalid")
     raw_kind = next((str(action[k]) for k in ("type", "kind", "action", "name", "op") if action.get(k)), "")
     kind = _KIND_ALIASES.get(raw_kind.strip().lower().replace(" ", "_"), "other")
     point = _point_of(action)
-    normalized = bool(action.get("normalized")) or str(action.get("coord_mode", "")).startswith("norm")
+    normalized = coord_mode == "norm1000" or bool(action.get("normalized"))
     if point is not None and normalized:
         point = (point[0] * size[0] / 1000.0, point[1] * size[1] / 1000.0)
     text = next((str(action[k]) for k in ("text", "value", "answer", "message", "content") if action.get(k)), "")
@@ -146,7 +148,7 @@ def _arrow(draw: ImageDraw.ImageDraw, centre: tuple[float, float], direction: st
                  fill=colour + (255,))
 
 
-def draw_action(png: bytes, action: dict[str, Any] | None, invalid: bool) -> bytes | None:
+def draw_action(png: bytes, action: dict[str, Any] | None, invalid: bool, coord_mode: str = "pixel") -> bytes | None:
     """PNG bytes of the screenshot with the action drawn on it, or None if `png` is not an image."""
     try:
         img = Image.open(io.BytesIO(png))
@@ -154,7 +156,7 @@ def draw_action(png: bytes, action: dict[str, Any] | None, invalid: bool) -> byt
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None
     orig = img.size
-    mark = action_mark(action, invalid, orig)
+    mark = action_mark(action, invalid, orig, coord_mode)
     img = img.convert("RGBA")
     scale = max(1.0, MIN_WIDTH / max(1, orig[0]))
     if scale > 1.0:

@@ -58,7 +58,7 @@ def _int(v: Any) -> int:
         return 0
 
 
-def export_episode(ep: EpisodeRecord, out_root: Path) -> dict[str, Any]:
+def export_episode(ep: EpisodeRecord, out_root: Path, coord_mode: str = "pixel") -> dict[str, Any]:
     """Write annotated screenshots under out_root/episodes/<id>/ and return the page's record."""
     folder_name = safe_name(ep.traj_id)
     out_dir = out_root / "episodes" / folder_name
@@ -75,7 +75,7 @@ def export_episode(ep: EpisodeRecord, out_root: Path) -> dict[str, Any]:
             elif not src.is_file():
                 note = f"screenshot {shot} is missing from the run directory"
             else:
-                drawn = draw_action(src.read_bytes(), action, invalid)
+                drawn = draw_action(src.read_bytes(), action, invalid, coord_mode)
                 if drawn is None:
                     note = f"screenshot {shot} is not a readable image"
                 else:
@@ -102,7 +102,7 @@ def export_episode(ep: EpisodeRecord, out_root: Path) -> dict[str, Any]:
     }
 
 
-def export_episodes(episodes: list[EpisodeRecord], out_root: Path) -> list[dict[str, Any]]:
+def export_episodes(episodes: list[EpisodeRecord], out_root: Path, coord_mode: str = "pixel") -> list[dict[str, Any]]:
     """The page records of all episodes, newest version first."""
     ordered = sorted(episodes, key=lambda e: (-e.version, e.task_id, e.traj_id))
-    return [export_episode(ep, out_root) for ep in ordered]
+    return [export_episode(ep, out_root, coord_mode) for ep in ordered]

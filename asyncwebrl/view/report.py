@@ -208,7 +208,7 @@ def build_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Repo
     (out / "assets").mkdir()
     for name in ("report.css", "viewer.js"):
         shutil.copyfile(ASSETS / name, out / "assets" / name)
-    payload = export_episodes(d.episodes, out)
+    payload = export_episodes(d.episodes, out, d.coord_mode)
     plots = render_plots(d, out / "plots")
     tmp = out / "index.html.tmp"
     tmp.write_text(render_page(d, payload, plots), encoding="utf-8")

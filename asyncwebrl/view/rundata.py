@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from asyncwebrl.controller.rundir import read_jsonl
 
 
@@ -49,6 +51,8 @@ class EpisodeRecord:
 class RunData:
     root: Path
     config_text: str = ""
+    coord_mode: str = "pixel"
+    """env.coord_mode of the run: how to read action coordinates ("pixel" or "norm1000")"""
     train: list[dict[str, Any]] = field(default_factory=list)
     """metrics.jsonl records with kind=train, in file order"""
     eval: list[dict[str, Any]] = field(default_factory=list)
@@ -153,6 +157,17 @@ def _load_episodes(data: RunData) -> None:
             data.episodes.append(got)
 
 
+def _coord_mode(config_text: str, problems: list[str]) -> str:
+    try:
+        tree = yaml.safe_load(config_text) if config_text else None
+    except yaml.YAMLError:
+        problems.append("config.yaml is not valid YAML; action coordinates drawn as pixels")
+        return "pixel"
+    env = tree.get("env") if isinstance(tree, dict) else None
+    mode = env.get("coord_mode") if isinstance(env, dict) else None
+    return mode if mode in ("pixel", "norm1000") else "pixel"
+
+
 def load_run(root: Path | str) -> RunData:
     """Everything the report shows, from a run directory that may still be growing."""
     root = Path(root)
@@ -167,6 +182,7 @@ def load_run(root: Path | str) -> RunData:
             data.config_text = cfg.read_text(errors="replace")
         except OSError as e:
             data.problems.append(f"config.yaml unreadable ({e})")
+        data.coord_mode = _coord_mode(data.config_text, data.problems)
     _load_metrics(data)
     _load_timeline(data)
     _load_episodes(data)
