@@ -44,6 +44,12 @@ class EnvConfig:
     """pause after each executed action before observing (for pages that animate)"""
     wait_action_s: float = 0.2
     """how long a Wait action waits"""
+    vlm_judge_url: str | None = None
+    """OpenAI-compatible base URL (e.g. http://127.0.0.1:30000/v1) for vlm_judge evaluators; None = judge off"""
+    vlm_judge_model: str = "default"
+    """model name sent to the VLM judge endpoint"""
+    vlm_judge_timeout_s: float = 60.0
+    """timeout of one judge request"""
     synthetic_step_latency_ms: float = 20.0
     """synthetic env: mean latency of one environment step"""
 

@@ -37,14 +37,20 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a browser that cancels a load (blocked navigation, closed page) is not an error here
+
+
 class StaticServer:
     """A static file server on 127.0.0.1 (ephemeral port) in a daemon thread."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         handler = functools.partial(_QuietHandler, directory=str(self.root))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.port = self.httpd.server_address[1]
         self.origin = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"static-{self.port}", daemon=True)

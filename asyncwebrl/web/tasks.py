@@ -1,5 +1,4 @@
-"""Task registry (named MiniWoB subsets), the deterministic task sampler the trainer checkpoints,
-and the environment factory.
+"""Task registry (named MiniWoB subsets) and the deterministic task sampler the trainer checkpoints.
 
 Invariant: the i-th task a `TaskSampler` hands out is a pure function of (its task list, seed, i),
 so `state_dict()` = {seed, count} is enough to resume exactly where a checkpoint left off.
@@ -10,7 +9,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from asyncwebrl.web.base import Env, Task
+from asyncwebrl.web.base import Task
+from asyncwebrl.web.env_factory import make_env  # noqa: F401  (re-exported: tasks + envs in one import)
 from asyncwebrl.web.config import EnvConfig
 
 MINIWOB_EASY = [
@@ -112,20 +112,3 @@ def make_task_sampler(env_cfg: EnvConfig, seed: int = 0) -> TaskSampler:
         return TaskSampler(resolve_task_names(env_cfg.tasks), seed=seed, max_steps=env_cfg.max_steps)
     names = [s.strip() for s in env_cfg.tasks.split(",") if s.strip()] or ["synthetic"]
     return TaskSampler(names, seed=seed, max_steps=env_cfg.max_steps, prefix="synthetic/")
-
-
-def make_env(env_cfg: EnvConfig, pool: Any = None, **kwargs: Any) -> Env:
-    """An environment of `env_cfg.type`; browser kinds share `pool` (default: the loop's shared pool)."""
-    if env_cfg.type == "miniwob":
-        from asyncwebrl.web.miniwob import MiniWoBEnv
-
-        return MiniWoBEnv(env_cfg, pool=pool)
-    if env_cfg.type == "webgym":
-        from asyncwebrl.web.webgym import WebGymEnv
-
-        return WebGymEnv(env_cfg, pool=pool, **kwargs)
-    if env_cfg.type == "synthetic":
-        from asyncwebrl.web.synthetic import SyntheticWebEnv
-
-        return SyntheticWebEnv(env_cfg, **kwargs)
-    raise ValueError(f"unknown env.type '{env_cfg.type}' (miniwob, webgym, synthetic)")

@@ -1,0 +1,363 @@
+"""WebGym-style tasks: a JSONL task file (start URL, instruction, step budget, allowed origins,
+evaluator) played in the browser pool.
+
+Task file line (one JSON object):
+  {"id": "demo/about", "instruction": "...", "start_url": "index.html", "site": "demo_site",
+   "difficulty": "easy" | "medium" | "hard"  (or "max_steps": N),
+   "allowed_origins": ["https://example.org"], "allow_private": false,
+   "evaluator": {"type": "url_match", "pattern": "about.html", "mode": "contains" | "exact" | "regex"}
+              | {"type": "answer_match", "answers": ["12"], "mode": "exact" | "contains"}
+              | {"type": "js_predicate", "script": "document.getElementById('agree').checked"}
+              | {"type": "vlm_judge", "rubric": "..."}}
+`site` names a local folder (relative to the task file) served on 127.0.0.1; a relative start_url
+is resolved against it and its origin is allowed automatically.
+
+Invariants: a bad task file fails at load with the line number and field named; the episode ends
+when the evaluator is satisfied (url/js) or when the agent answers (answer/judge); a navigation the
+policy refuses leaves the agent on the page it was on, and the step is invalid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from asyncwebrl.web.actions import execute_action
+from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
+from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
+from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.observe import ELEMENTS_FN, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+
+DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
+EVALUATORS = {
+    "url_match": {"pattern"},
+    "answer_match": {"answers"},
+    "js_predicate": {"script"},
+    "vlm_judge": {"rubric"},
+}
+_KNOWN_FIELDS = {"id", "instruction", "start_url", "site", "difficulty", "max_steps", "allowed_origins",
+                 "allow_private", "evaluator"}
+
+DEMO_SITE = Path(__file__).parent / "demo_site"
+DEMO_TASKS = DEMO_SITE / "tasks.jsonl"
+
+
+class TaskFileError(ValueError):
+    """A task file line is malformed; the message names file, line and field."""
+
+
+def _err(path: Path, line: int, field: str, msg: str) -> TaskFileError:
+    return TaskFileError(f"{path}:{line}: field '{field}': {msg}")
+
+
+def _parse_line(obj: Any, path: Path, line: int) -> Task:
+    if not isinstance(obj, dict):
+        raise _err(path, line, "<line>", f"expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - _KNOWN_FIELDS
+    if unknown:
+        raise _err(path, line, sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(_KNOWN_FIELDS))})")
+    for f in ("id", "instruction", "start_url"):
+        if not isinstance(obj.get(f), str) or not obj[f].strip():
+            raise _err(path, line, f, "required non-empty string")
+    if "max_steps" in obj:
+        ms = obj["max_steps"]
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms < 1:
+            raise _err(path, line, "max_steps", f"must be an integer >= 1, got {ms!r}")
+    elif "difficulty" in obj:
+        if obj["difficulty"] not in DIFFICULTY_STEPS:
+            raise _err(path, line, "difficulty", f"must be one of easy/medium/hard, got {obj['difficulty']!r}")
+        ms = DIFFICULTY_STEPS[obj["difficulty"]]
+    else:
+        raise _err(path, line, "max_steps", "give max_steps or difficulty (easy/medium/hard = 10/20/30)")
+    origins = obj.get("allowed_origins", [])
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise _err(path, line, "allowed_origins", "must be a list of origin strings")
+    for o in origins:
+        if o != "*" and not re.match(r"^https?://[^/\s]+$", o.rstrip("/")):
+            raise _err(path, line, "allowed_origins", f"'{o}' is not an origin like https://host[:port]")
+    if not isinstance(obj.get("allow_private", False), bool):
+        raise _err(path, line, "allow_private", "must be true or false")
+    site = None
+    if "site" in obj:
+        if not isinstance(obj["site"], str):
+            raise _err(path, line, "site", "must be a folder path string")
+        site = (path.parent / obj["site"]).resolve()
+        if not site.is_dir():
+            raise _err(path, line, "site", f"folder {site} does not exist")
+    elif not urlsplit(obj["start_url"]).scheme:
+        raise _err(path, line, "start_url", "a relative URL needs a 'site' folder")
+    ev = obj.get("evaluator")
+    if not isinstance(ev, dict):
+        raise _err(path, line, "evaluator", "required object with a 'type'")
+    etype = ev.get("type")
+    if etype not in EVALUATORS:
+        raise _err(path, line, "evaluator.type", f"must be one of {', '.join(EVALUATORS)}, got {etype!r}")
+    for need in EVALUATORS[etype]:
+        if need not in ev:
+            raise _err(path, line, f"evaluator.{need}", f"required for {etype}")
+    if etype == "answer_match":
+        ans = ev["answers"]
+        if isinstance(ans, str):
+            ev = {**ev, "answers": [ans]}
+        elif not (isinstance(ans, list) and ans and all(isinstance(a, str) for a in ans)):
+            raise _err(path, line, "evaluator.answers", "must be a string or a non-empty list of strings")
+    if etype == "url_match":
+        mode = ev.get("mode", "contains")
+        if mode not in ("contains", "exact", "regex"):
+            raise _err(path, line, "evaluator.mode", f"must be contains/exact/regex, got {mode!r}")
+        if mode == "regex":
+            try:
+                re.compile(ev["pattern"])
+            except re.error as e:
+                raise _err(path, line, "evaluator.pattern", f"bad regex: {e}") from None
+    for k in ("pattern", "script", "rubric"):
+        if k in ev and not isinstance(ev[k], str):
+            raise _err(path, line, f"evaluator.{k}", "must be a string")
+    spec = {"start_url": obj["start_url"], "site": str(site) if site else None, "allowed_origins": origins,
+            "allow_private": obj.get("allow_private", False), "evaluator": ev}
+    return Task(task_id=obj["id"], seed=0, max_steps=ms, instruction=obj["instruction"].strip(), spec=spec)
+
+
+def load_task_file(path: str | Path) -> list[Task]:
+    """All tasks of a JSONL file (blank lines and lines starting with # are skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskFileError(f"task file {path} does not exist")
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(path.read_text().splitlines(), start=1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _err(path, i, "<json>", f"not valid JSON ({e.msg} at column {e.colno})") from None
+        task = _parse_line(obj, path, i)
+        if task.task_id in seen:
+            raise _err(path, i, "id", f"duplicate id '{task.task_id}' (first on line {seen[task.task_id]})")
+        seen[task.task_id] = i
+        tasks.append(task)
+    if not tasks:
+        raise TaskFileError(f"task file {path} holds no tasks")
+    return tasks
+
+
+def _url_matches(url: str, ev: dict[str, Any]) -> bool:
+    mode, pat = ev.get("mode", "contains"), ev["pattern"]
+    if mode == "exact":
+        return url == pat
+    if mode == "regex":
+        return re.search(pat, url) is not None
+    return pat in url
+
+
+def _answer_matches(answer: str, ev: dict[str, Any]) -> bool:
+    norm = (lambda s: s) if ev.get("case_sensitive") else (lambda s: s.lower())
+    a = norm(" ".join(answer.split()))
+    golds = [norm(" ".join(g.split())) for g in ev["answers"]]
+    if ev.get("mode", "exact") == "contains":
+        return any(g in a for g in golds)
+    return a in golds
+
+
+async def vlm_judge(env_cfg: EnvConfig, instruction: str, rubric: str, answer: str, png: bytes) -> bool:
+    """Ask an OpenAI-compatible chat endpoint whether the episode met the rubric (YES/NO)."""
+    import aiohttp
+
+    from asyncwebrl.models.vlm import encode_image_b64
+
+    if not env_cfg.vlm_judge_url:
+        raise ValueError("task uses a vlm_judge evaluator but env.vlm_judge_url is not set (the judge is off)")
+    prompt = (f"Task: {instruction}\nRubric: {rubric}\nAgent's final answer: {answer or '(none)'}\n"
+              "Looking at the final screenshot, did the agent complete the task? Reply YES or NO.")
+    body = {"model": env_cfg.vlm_judge_model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": prompt},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + encode_image_b64(png)}}]}]}
+    url = env_cfg.vlm_judge_url.rstrip("/") + "/chat/completions"
+    timeout = aiohttp.ClientTimeout(total=env_cfg.vlm_judge_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with http.post(url, json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"VLM judge at {url} answered HTTP {r.status}: {(await r.text())[:200]}")
+            doc = await r.json()
+    text = doc["choices"][0]["message"]["content"] or ""
+    return text.strip().upper().startswith("YES")
+
+
+class WebGymEnv:
+    """One browser session playing WebGym-style tasks (implements asyncwebrl.web.base.Env)."""
+
+    def __init__(self, env_cfg: EnvConfig | None = None, pool: BrowserPool | None = None):
+        self.cfg = env_cfg or EnvConfig(type="webgym")
+        self._pool = pool
+        self.session: BrowserSession | None = None
+        self.task: Task | None = None
+        self._elements: list[dict[str, Any]] = []
+        self._last_png = b""
+        self._last_url = ""
+        self._done = True
+
+    @property
+    def pool(self) -> BrowserPool:
+        if self._pool is None:
+            self._pool = BrowserPool.shared(self.cfg)
+        return self._pool
+
+    @staticmethod
+    def resolve(task: Task) -> tuple[str, NavigationPolicy]:
+        """Absolute start URL and navigation policy of a task (serving its local site if it has one)."""
+        spec = task.spec
+        origins = list(spec.get("allowed_origins", []))
+        start = spec["start_url"]
+        if spec.get("site"):
+            from asyncwebrl.web.miniwob import static_server
+
+            srv = static_server(Path(spec["site"]))
+            start = urljoin(srv.origin + "/", start)
+            origins.append(srv.origin)
+        if not origins:
+            p = urlsplit(start)
+            origins = [f"{p.scheme}://{p.netloc}"]
+        return start, NavigationPolicy(origins, allow_private=bool(spec.get("allow_private", False)))
+
+    async def reset(self, task: Task) -> Observation:
+        if "evaluator" not in task.spec:
+            raise ValueError(f"task {task.task_id} has no evaluator; load it with load_task_file")
+        if task.spec["evaluator"]["type"] == "vlm_judge" and not self.cfg.vlm_judge_url:
+            raise ValueError(f"task {task.task_id} needs the VLM judge; set env.vlm_judge_url")
+        start, policy = self.resolve(task)
+        self.session = await self.pool.acquire(self.session)
+        s = self.session
+        s.policy = policy
+        try:
+            await s.context.clear_cookies()
+            await s.page.goto(start, wait_until="load", timeout=30_000)
+            blocked = s.take_blocked()
+            if blocked:
+                raise ValueError(f"task {task.task_id}: start URL {start} is refused by its own policy")
+            s.episodes += 1
+            self.task, self._done = task, False
+            obs = await self._observe()
+        except (EnvCrashed, ValueError):
+            raise
+        except Exception as e:
+            if not s.alive():
+                raise EnvCrashed(f"browser died while starting {task.task_id}: {e}") from e
+            raise
+        self._last_png, self._last_url = obs.screenshot, obs.url
+        return obs
+
+    async def _observe(self) -> Observation:
+        page = self.session.page
+        n = MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0
+        for attempt in range(4):
+            try:
+                self._elements = await page.evaluate("(n) => (" + ELEMENTS_FN + ")(n)", n)
+                png = await take_screenshot(page)
+                break
+            except Exception as e:
+                # a navigation started by the last action replaced the document under us: let it land
+                if attempt == 3 or not self.session.alive() or "navigat" not in str(e).lower():
+                    raise
+                await self._wait_loaded()
+        if self.cfg.set_of_marks:
+            png = draw_set_of_marks(png, self._elements)
+        return Observation(screenshot=png, instruction=self.task.instruction, elements=self._elements, url=page.url)
+
+    async def _restore_if_escaped(self, info: dict[str, Any]) -> bool:
+        """Back to the last allowed page if the agent left the allowed origins; True if it had."""
+        page, s = self.session.page, self.session
+        blocked = s.take_blocked()
+        ok, reason = s.policy.permits(page.url)
+        if ok and not page.url.startswith("chrome-error:") and not blocked:
+            return False
+        info["blocked"] = blocked or [page.url]
+        if not ok or page.url.startswith("chrome-error:"):
+            await page.goto(self._last_url, wait_until="load", timeout=30_000)
+            s.take_blocked()
+        return True
+
+    async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
+        if self.session is None or self.task is None:
+            raise RuntimeError("step() before reset()")
+        s, ev = self.session, self.task.spec["evaluator"]
+        info: dict[str, Any] = {}
+        executed, success, done = False, False, False
+        try:
+            if self._done:
+                info["error"] = "episode already done"
+            elif action is None:
+                info["error"] = "unparsable action"
+            else:
+                executed, why = await execute_action(
+                    s.page, action, self._elements, self.cfg.coord_mode,
+                    self.cfg.viewport_width, self.cfg.viewport_height, wait_s=self.cfg.wait_action_s)
+                if why:
+                    info["error"] = why
+                if executed and action["type"] in ("click", "type", "go_back"):
+                    await self._settle()
+            obs = await self._observe()
+            if action is not None and await self._restore_if_escaped(info):
+                executed = False
+                obs = await self._observe()
+            if executed and not self._done:
+                success, done = await self._evaluate(ev, action, obs)
+        except (EnvCrashed, ValueError):
+            raise
+        except Exception as e:
+            if not s.alive():
+                raise EnvCrashed(f"browser died during {self.task.task_id}: {e}") from e
+            info["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            executed = False
+            obs = await self._observe()
+        self._done = self._done or done
+        res = StepResult(reward=1.0 if success else 0.0, raw_reward=1.0 if success else 0.0, done=done,
+                         success=success, invalid=not executed,
+                         screenshot_unchanged=obs.screenshot == self._last_png, info=info)
+        self._last_png = obs.screenshot
+        if s.policy.permits(obs.url)[0]:
+            self._last_url = obs.url
+        return obs, res
+
+    async def _wait_loaded(self) -> None:
+        try:
+            await self.session.page.wait_for_load_state("load", timeout=10_000)
+        except Exception:  # a slow page still gets observed as it is
+            pass
+
+    async def _settle(self) -> None:
+        # navigation (link, form submit) starts asynchronously after the input event
+        await asyncio.sleep(max(0.05, self.cfg.action_settle_ms / 1000))
+        await self._wait_loaded()
+
+    async def _evaluate(self, ev: dict[str, Any], action: dict[str, Any], obs: Observation) -> tuple[bool, bool]:
+        """(success, done) after an executed step."""
+        etype = ev["type"]
+        answered = action["type"] == "answer"
+        if etype == "url_match":
+            ok = _url_matches(obs.url, ev)
+            return ok, ok or answered
+        if etype == "js_predicate":
+            try:
+                ok = bool(await self.session.page.evaluate(f"() => Boolean({ev['script']})"))
+            except Exception as e:
+                if not self.session.alive():
+                    raise
+                raise ValueError(f"task {self.task.task_id}: js_predicate failed: {e}") from None
+            return ok, ok or answered
+        if not answered:
+            return False, False
+        if etype == "answer_match":
+            return _answer_matches(action.get("text", ""), ev), True
+        ok = await vlm_judge(self.cfg, self.task.instruction, ev["rubric"], action.get("text", ""), obs.screenshot)
+        return ok, True
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.pool.release(self.session)
+            self.session = None
