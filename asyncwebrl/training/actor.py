@@ -7,8 +7,9 @@ fetches that share's pixels, recomputes pi_prox, and runs the decoupled PPO upda
 Invariants:
 - every rank runs the same number of forward/backward passes per phase (ranks with fewer
   micro-batches run zero-weight filler passes), so FSDP collectives always pair up;
-- gradients are SUMMED across ranks (divide factor 1) and each micro-batch's loss is its token sum
-  over the global token count, so the update equals the single-process update on the whole batch;
+- each micro-batch's loss is its token sum over the global token count, scaled by world_size
+  because FSDP averages gradients over ranks, so the update equals the single-process update on the
+  whole batch;
 - logits are computed only at the positions that predict generated tokens (hidden states are sliced
   before lm_head).
 """
@@ -50,7 +51,7 @@ class PolicyWithLossHead(nn.Module):
         hidden = base(**inputs, use_cache=False).last_hidden_state
         logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float()
         logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1).clone()  # FSDP hooks dislike views
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
@@ -101,7 +102,6 @@ class FSDPActor:
             for layer in _decoder_layers(hf):
                 fully_shard(layer, mesh=mesh, mp_policy=mp)
             fully_shard(self.module, mesh=mesh, mp_policy=mp)
-            self.module.set_gradient_divide_factor(1.0)  # sum: the loss already divides by global tokens
             self.module.set_reduce_scatter_unused_params(True)  # text-only batches skip the vision tower
         else:
             self.module.to(self.device)
@@ -240,7 +240,8 @@ class FSDPActor:
                     prox = fb.prox.to(self.device)
                 loss, st = ppo_loss_sum(logp, prox, behave, fb.advantages.to(self.device),
                                         torch.ones_like(behave, dtype=torch.bool), self.ppo, mini_tokens[j])
-                loss.backward()
+                # FSDP averages gradients over ranks; the loss is a share of the GLOBAL sum, so undo it
+                (loss * self.world_size).backward()
                 st.entropy_sum = float(entropy.sum())
                 if method == "metrics":
                     approx = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
