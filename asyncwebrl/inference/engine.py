@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
-from asyncwebrl.models.vlm import IDEFICS3, QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
+from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class HFEngine:
             return
         t_old = b.mask.shape[1]
         t = max(t_old, length)
-        for old, new in zip(b.cache.layers, cache.layers):
+        for old, new in zip(b.cache.layers, cache.layers, strict=False):
             old.keys = torch.cat([_left_pad(old.keys, t), _left_pad(new.keys, t)], dim=0)
             old.values = torch.cat([_left_pad(old.values, t), _left_pad(new.values, t)], dim=0)
         new_mask = torch.zeros((1, t), dtype=torch.long, device=self.device)
@@ -441,18 +441,20 @@ class HFEngine:
         return dict(self.model.named_parameters())
 
     def weights_checksum(self) -> str:
-        """sha256 over every parameter's bytes in named_parameters() order (bit-exact comparison)."""
-        import hashlib
-
-        h = hashlib.sha256()
         with self.lock:
-            for name, p in self.model.named_parameters():
-                h.update(name.encode())
-                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+            return params_checksum(self.model.named_parameters())
 
-    def family_name(self) -> str:
-        return {IDEFICS3: "idefics3"}.get(self.family, self.family)
+
+def params_checksum(named_params: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over (name, raw bytes) of every parameter in order: equal digests = bit-identical weights.
+    The trainer computes it on its own model to check what a server serves (GET /weights_checksum)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in named_params:
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:

@@ -185,7 +185,7 @@ class InferenceServer:
             "output_token_versions": res.versions,
         }
         if req.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.logprobs, res.output_ids)]
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.logprobs, res.output_ids, strict=False)]
         return {"text": res.text, "output_ids": res.output_ids, "meta_info": meta}
 
     async def pause_generation(self, req, request) -> web.Response:

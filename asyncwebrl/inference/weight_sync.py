@@ -85,14 +85,14 @@ def receive_bucket(engine: HFEngine, group: WeightUpdateGroup, req: UpdateWeight
     the bytes received. Raises ProtocolError (after draining) when the announcement does not fit."""
     params = engine.named_parameters()
     problems = []
-    for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
+    for name, shape in zip(req.names, req.shapes, strict=True):
         p = params.get(name)
         if p is None:
             problems.append(f"unknown parameter '{name}'")
         elif list(p.shape) != list(shape):
             problems.append(f"shape of '{name}' is {list(p.shape)}, announced {list(shape)}")
     nbytes = 0
-    for name, dt, shape in zip(req.names, req.dtypes, req.shapes):
+    for name, dt, shape in zip(req.names, req.dtypes, req.shapes, strict=False):
         dtype = _dtype(dt)
         p = params.get(name)
         direct = (not problems and p is not None and p.dtype == dtype and p.is_contiguous()

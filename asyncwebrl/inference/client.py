@@ -1,0 +1,327 @@
+"""Rollout-side client of the inference servers (SGLang native API, SPEC section 3 "client rules").
+
+`InferenceClient.agenerate(...)` returns a `GenerationOutput` whose token, logprob and version lists
+stay aligned across interruptions: a response that comes back aborted (a weight update with
+abort_all_requests, a pause in abort mode) is resubmitted with prompt + tokens so far and the
+remaining budget, and the new tokens are tagged with the version that produced them. So a weight
+update never loses an episode.
+
+Version tagging: each response's tokens get `meta_info.weight_version` (what real SGLang reports);
+when the server also returns the per-token extension `output_token_versions` (the hf backend does)
+and its length matches, that finer tag is used. Prompt tokens are never tagged (they are -1 in the
+trainer's view).
+
+Server choice: one episode (`sticky_key`) sticks to one server while it is healthy (KV/prefix
+reuse); new keys go to the least-loaded healthy server. Transport errors and 5xx are retried with
+exponential backoff, then the server is marked failed (for `failure_cooldown_s`) and the request
+fails over to another. HTTP 400/401 are the caller's fault: raised at once, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+
+from asyncwebrl.inference.protocol import (
+    GenerationOutput,
+    ProtocolError,
+    build_generate_payload,
+    parse_version,
+)
+
+log = logging.getLogger(__name__)
+
+
+class InferenceUnavailable(RuntimeError):
+    """No server could answer (all failed after retries)."""
+
+
+class InferenceAuthError(RuntimeError):
+    """The server refused the API key (HTTP 401)."""
+
+
+class _ServerError(RuntimeError):
+    """A retryable failure: transport error, timeout or 5xx."""
+
+
+class InferenceClient:
+    """Async HTTP client for a group of inference servers (one event loop per session)."""
+
+    def __init__(
+        self,
+        addresses: list[str],
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        *,
+        retry_backoff_s: float = 0.25,
+        failure_cooldown_s: float = 30.0,
+        max_resubmits: int = 64,
+    ):
+        if not addresses:
+            raise ValueError("InferenceClient needs at least one server address")
+        self.addresses = [a.rstrip("/") if "://" in a else f"http://{a.rstrip('/')}" for a in addresses]
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.failure_cooldown_s = failure_cooldown_s
+        self.max_resubmits = max_resubmits
+        self._failed_until: dict[str, float] = {}
+        self._sticky: dict[str, str] = {}
+        self._inflight: dict[str, int] = {a: 0 for a in self.addresses}
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self.stats = {"requests": 0, "resubmits": 0, "retries": 0, "failovers": 0}
+
+    # ---- server health / choice ------------------------------------------------------------------
+    def mark_failed(self, addr: str, cooldown_s: float | None = None) -> None:
+        """Stop routing to `addr` for a while; episodes stuck to it move elsewhere."""
+        self._failed_until[addr] = time.monotonic() + (self.failure_cooldown_s if cooldown_s is None else cooldown_s)
+        for k in [k for k, a in self._sticky.items() if a == addr]:
+            del self._sticky[k]
+
+    def restore(self, addr: str) -> None:
+        self._failed_until.pop(addr, None)
+
+    def healthy_addresses(self) -> list[str]:
+        now = time.monotonic()
+        return [a for a in self.addresses if self._failed_until.get(a, 0.0) <= now]
+
+    def release(self, sticky_key: str) -> None:
+        """The episode ended: forget its server."""
+        self._sticky.pop(sticky_key, None)
+
+    def _pick(self, sticky_key: str | None, exclude: set[str]) -> str | None:
+        healthy = [a for a in self.healthy_addresses() if a not in exclude]
+        if sticky_key is not None and self._sticky.get(sticky_key) in healthy:
+            return self._sticky[sticky_key]
+        if not healthy:
+            return None
+        addr = min(healthy, key=lambda a: (self._inflight[a], self.addresses.index(a)))
+        if sticky_key is not None:
+            self._sticky[sticky_key] = addr
+        return addr
+
+    # ---- transport --------------------------------------------------------------------------------
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        s = self._sessions.get(loop)
+        if s is None or s.closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            s = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
+            self._sessions[loop] = s
+        return s
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self._sessions.pop(loop, None)
+        if s is not None:
+            await s.close()
+
+    async def call(self, addr: str, endpoint: str, payload: dict[str, Any] | None = None, *,
+                   method: str = "POST", timeout_s: float | None = None) -> dict[str, Any]:
+        """One HTTP call, no retry. ProtocolError on 400, InferenceAuthError on 401, _ServerError otherwise."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        url = f"{addr}{endpoint}"
+        try:
+            async with self._session().request(method, url, json=payload if method == "POST" else None,
+                                               timeout=timeout) as r:
+                try:
+                    body = await r.json(content_type=None)
+                except (ValueError, aiohttp.ContentTypeError):
+                    body = {"message": (await r.text())[:500]}
+                if r.status == 200:
+                    return body if isinstance(body, dict) else {"value": body}
+                msg = body.get("message") if isinstance(body, dict) else str(body)
+                if r.status == 401:
+                    raise InferenceAuthError(f"{url}: {msg}")
+                if 400 <= r.status < 500 and r.status not in (404, 408, 429):
+                    raise ProtocolError(f"{url}: {msg}")
+                raise _ServerError(f"{url}: HTTP {r.status}: {msg}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise _ServerError(f"{url}: {type(e).__name__}: {e}") from e
+
+    async def _call_with_failover(self, endpoint: str, payload: dict[str, Any],
+                                  sticky_key: str | None) -> tuple[str, dict[str, Any]]:
+        tried: set[str] = set()
+        last: Exception | None = None
+        while True:
+            addr = self._pick(sticky_key, tried)
+            if addr is None:
+                raise InferenceUnavailable(f"no healthy inference server left for {endpoint}; last error: {last}")
+            self._inflight[addr] += 1
+            try:
+                for attempt in range(self.max_retries + 1):
+                    try:
+                        return addr, await self.call(addr, endpoint, payload)
+                    except _ServerError as e:
+                        last = e
+                        if payload.get("rid"):
+                            await self._best_effort_abort(addr, payload["rid"])
+                        if attempt < self.max_retries:
+                            self.stats["retries"] += 1
+                            await asyncio.sleep(self.retry_backoff_s * 2**attempt)
+            finally:
+                self._inflight[addr] -= 1
+            log.warning("server %s failed %d times (%s); failing over", addr, self.max_retries + 1, last)
+            self.mark_failed(addr)
+            tried.add(addr)
+            self.stats["failovers"] += 1
+
+    async def _best_effort_abort(self, addr: str, rid: str) -> None:
+        try:
+            await self.call(addr, "/abort_request", {"rid": rid}, timeout_s=2.0)
+        except Exception:  # the server may be down; the retry goes on regardless
+            pass
+
+    # ---- generation ------------------------------------------------------------------------------
+    async def agenerate(
+        self,
+        input_ids: list[int],
+        image_data: list[str | bytes] | None,
+        sampling: dict[str, Any],
+        sticky_key: str | None = None,
+        rid: str | None = None,
+    ) -> GenerationOutput:
+        """Generate until stop/length, resubmitting after aborts; see the module docstring."""
+        t0 = time.perf_counter()
+        rid = rid or uuid.uuid4().hex
+        budget = int(sampling.get("max_new_tokens", 128))
+        min_new = int(sampling.get("min_new_tokens", 0))
+        out_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        texts: list[str] = []
+        n_resubmits = 0
+        self.stats["requests"] += 1
+        while True:
+            sp = dict(sampling, max_new_tokens=budget - len(out_ids))
+            if min_new:
+                sp["min_new_tokens"] = max(0, min_new - len(out_ids))
+            payload = build_generate_payload(list(input_ids) + out_ids, image_data, sp,
+                                             rid=f"{rid}-{n_resubmits}", return_logprob=True)
+            addr, resp = await self._call_with_failover("/generate", payload, sticky_key)
+            ids, lps, vers, reason = _parse_generate_response(resp)
+            out_ids += ids
+            logprobs += lps
+            versions += vers
+            texts.append(resp.get("text", ""))
+            if reason != "abort":
+                break
+            if len(out_ids) >= budget:
+                reason = "length"
+                break
+            n_resubmits += 1
+            self.stats["resubmits"] += 1
+            if n_resubmits > self.max_resubmits:
+                raise InferenceUnavailable(f"request {rid} aborted {n_resubmits} times in a row; giving up")
+        return GenerationOutput(
+            output_ids=out_ids,
+            output_logprobs=logprobs,
+            output_versions=versions,
+            text="".join(texts),
+            finish_reason="stop" if reason == "stop" else "length",
+            prompt_tokens=len(input_ids),
+            server=addr,
+            latency_s=time.perf_counter() - t0,
+            n_resubmits=n_resubmits,
+        )
+
+    def generate(self, input_ids: list[int], image_data: list[str | bytes] | None, sampling: dict[str, Any],
+                 sticky_key: str | None = None, rid: str | None = None) -> GenerationOutput:
+        """Blocking wrapper of agenerate (not for use inside a running event loop)."""
+        async def once() -> GenerationOutput:
+            try:
+                return await self.agenerate(input_ids, image_data, sampling, sticky_key, rid)
+            finally:
+                await self.aclose()
+
+        return asyncio.run(once())
+
+    # ---- control of all servers ---------------------------------------------------------------------
+    async def _broadcast(self, endpoint: str, payload: dict[str, Any] | None = None, *,
+                         method: str = "POST", timeout_s: float | None = None) -> dict[str, dict[str, Any]]:
+        addrs = self.healthy_addresses()
+        results = await asyncio.gather(
+            *(self.call(a, endpoint, payload, method=method, timeout_s=timeout_s) for a in addrs),
+            return_exceptions=True,
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for a, r in zip(addrs, results, strict=False):
+            if isinstance(r, (ProtocolError, InferenceAuthError)):
+                raise r
+            if isinstance(r, BaseException):
+                log.warning("%s%s failed: %s; marking the server failed", a, endpoint, r)
+                self.mark_failed(a)
+                out[a] = {"success": False, "message": str(r)}
+            else:
+                out[a] = r
+        return out
+
+    async def apause(self, mode: str | None = None) -> dict[str, dict[str, Any]]:
+        """Pause generation on every healthy server (running requests are kept unless mode='abort')."""
+        return await self._broadcast("/pause_generation", {"mode": mode} if mode else {})
+
+    async def aresume(self) -> dict[str, dict[str, Any]]:
+        return await self._broadcast("/continue_generation", {})
+
+    async def aupdate_weights_from_disk(self, path: str, version: int | str,
+                                       abort_all_requests: bool = False) -> dict[str, dict[str, Any]]:
+        """Hot-load an HF safetensors folder on every healthy server and set the weight version."""
+        return await self._broadcast(
+            "/update_weights_from_disk",
+            {"model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests},
+            timeout_s=max(self.timeout_s, 600.0),
+        )
+
+    async def aupdate_weight_version(self, version: int | str) -> dict[str, dict[str, Any]]:
+        return await self._broadcast("/update_weight_version", {"new_version": str(version)})
+
+    async def ahealth(self, timeout_s: float = 5.0) -> dict[str, bool]:
+        """GET /health on every server (failed ones too); a healthy answer restores a failed server."""
+        async def one(a: str) -> bool:
+            try:
+                await self.call(a, "/health", method="GET", timeout_s=timeout_s)
+                return True
+            except Exception:
+                return False
+
+        res = dict(zip(self.addresses, await asyncio.gather(*(one(a) for a in self.addresses)), strict=False))
+        for a, ok_ in res.items():
+            if ok_:
+                self.restore(a)
+        return res
+
+    def health(self, timeout_s: float = 5.0) -> dict[str, bool]:
+        """Blocking GET /health of every server."""
+        async def once() -> dict[str, bool]:
+            try:
+                return await self.ahealth(timeout_s)
+            finally:
+                await self.aclose()
+
+        return asyncio.run(once())
+
+
+def _parse_generate_response(resp: dict[str, Any]) -> tuple[list[int], list[float], list[int], str]:
+    """(output_ids, logprobs, versions, finish type) of one /generate answer; ProtocolError if malformed."""
+    try:
+        ids = [int(t) for t in resp["output_ids"]]
+        meta = resp["meta_info"]
+        lps = [float(x[0]) for x in meta.get("output_token_logprobs") or []]
+        reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
+        per_token = meta.get("output_token_versions")
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ProtocolError(f"malformed /generate response: {type(e).__name__}: {e}") from None
+    if len(lps) != len(ids):
+        raise ProtocolError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs")
+    if isinstance(per_token, list) and len(per_token) == len(ids):
+        versions = [parse_version(v) for v in per_token]
+    else:
+        versions = [parse_version(meta.get("weight_version"))] * len(ids)
+    return ids, lps, versions, reason
