@@ -37,6 +37,7 @@ from asyncwebrl.inference.protocol import (
     ok,
     parse_request,
 )
+from asyncwebrl.inference.sglang_launcher import hf_command
 from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
 
 log = logging.getLogger(__name__)
@@ -377,11 +378,8 @@ def start_server_subprocess(
 ) -> ServerProcess:
     """Start `python -m asyncwebrl.cli serve ...`; port 0 picks a free one. Follow with wait_healthy."""
     port = port or free_port(host)
-    cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model,
-           "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-           "--max-batch-size", str(max_batch_size), "--max-context-len", str(max_context_len)]
-    if api_key:
-        cmd += ["--api-key", api_key]
+    cmd = hf_command(model, port, host=host, device=device, dtype=dtype, api_key=api_key,
+                     max_batch_size=max_batch_size, max_context_len=max_context_len)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     return ServerProcess(proc, f"http://{host}:{port}", log_path)

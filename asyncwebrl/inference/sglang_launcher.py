@@ -1,0 +1,104 @@
+"""Command line of a production SGLang server (`python -m sglang.launch_server ...`) for GPU nodes.
+
+The rollout side speaks the same native HTTP API to SGLang and to the embedded `hf` server, so the
+only SGLang-specific piece is how a server is started. One server per device (tp=1, SPEC section 1);
+the scheduler sets CUDA_VISIBLE_DEVICES. SGLang needs CUDA, so on this project's CPU machines only
+the command line is built and checked.
+
+Invariant: the command binds 127.0.0.1 unless a host is given, always has tp size 1, and carries
+the API key only when one is configured.
+
+Example (what `sglang_command(SGLangLaunch(model_path="/models/qwen2.5-vl-3b", port=30001))` gives):
+    python -m sglang.launch_server --model-path /models/qwen2.5-vl-3b --host 127.0.0.1 --port 30001
+        --tp-size 1 --mem-fraction-static 0.8 --dtype bfloat16 --enable-multimodal --random-seed 0
+        --log-level warning
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True)
+class SGLangLaunch:
+    """Everything the system sets when it starts one SGLang server."""
+
+    model_path: str
+    """HF model folder or hub id"""
+    port: int
+    """HTTP port"""
+    host: str = "127.0.0.1"
+    """bind address (loopback unless the rollout workers are on other nodes)"""
+    mem_fraction_static: float = 0.8
+    """fraction of GPU memory for weights + KV cache"""
+    dtype: str = "bfloat16"
+    """parameter / activation dtype: auto, float16, bfloat16, float32"""
+    context_length: int | None = None
+    """longest prompt + generation (None: the model's own)"""
+    max_running_requests: int | None = None
+    """most requests decoded together (None: SGLang's choice)"""
+    api_key: str | None = None
+    """require 'Authorization: Bearer KEY'"""
+    enable_multimodal: bool = True
+    """vision-language models (screenshots)"""
+    random_seed: int = 0
+    """sampling seed of the server"""
+    weight_version: str | None = None
+    """initial weight version the server reports (SGLang >= 0.5)"""
+    log_level: str = "warning"
+    """SGLang log level"""
+    python: str = field(default_factory=lambda: sys.executable)
+    """interpreter of the GPU node's environment"""
+    extra_args: list[str] = field(default_factory=list)
+    """further launch_server flags, passed through verbatim"""
+
+    def validate(self) -> None:
+        if not self.model_path:
+            raise ValueError("sglang launch: model_path is empty")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"sglang launch: port {self.port} is not in 1..65535")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError("sglang launch: mem_fraction_static must be in (0, 1)")
+        if self.dtype not in ("auto", "float16", "bfloat16", "float32", "half"):
+            raise ValueError(f"sglang launch: unknown dtype '{self.dtype}'")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError("sglang launch: context_length must be >= 1")
+
+
+def sglang_command(launch: SGLangLaunch) -> list[str]:
+    """argv of `python -m sglang.launch_server` for one tp=1 server."""
+    launch.validate()
+    cmd = [
+        launch.python, "-m", "sglang.launch_server",
+        "--model-path", launch.model_path,
+        "--host", launch.host,
+        "--port", str(launch.port),
+        "--tp-size", "1",
+        "--mem-fraction-static", str(launch.mem_fraction_static),
+        "--dtype", launch.dtype,
+    ]
+    if launch.enable_multimodal:
+        cmd.append("--enable-multimodal")
+    if launch.context_length is not None:
+        cmd += ["--context-length", str(launch.context_length)]
+    if launch.max_running_requests is not None:
+        cmd += ["--max-running-requests", str(launch.max_running_requests)]
+    if launch.api_key:
+        cmd += ["--api-key", launch.api_key]
+    if launch.weight_version is not None:
+        cmd += ["--weight-version", str(launch.weight_version)]
+    cmd += ["--random-seed", str(launch.random_seed), "--log-level", launch.log_level]
+    return cmd + list(launch.extra_args)
+
+
+def hf_command(model_path: str, port: int, *, host: str = "127.0.0.1", device: str = "cpu",
+               dtype: str = "float32", api_key: str | None = None, max_batch_size: int = 32,
+               max_context_len: int = 4096) -> list[str]:
+    """argv of the embedded server (`asyncwebrl serve --backend hf ...`), the same shape for schedulers."""
+    cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model_path,
+           "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
+           "--max-batch-size", str(max_batch_size), "--max-context-len", str(max_context_len)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd
