@@ -26,6 +26,8 @@ class RolloutConfig:
     """retries of a failed generation request before failing over to another server"""
     sync_warmup: bool = True
     """sync mode: relaunch browser sessions every round (the WebGym cost the async pool removes)"""
+    batch_timeout_s: float = 3600.0
+    """prepare_batch waits at most this long for a batch before raising (a dead pool never hangs the trainer)"""
 
     @property
     def concurrency(self) -> int:
@@ -40,6 +42,8 @@ class RolloutConfig:
             raise ValueError("rollout.max_concurrent_rollouts must be >= 1 (or null for consumer_batch_size)")
         if self.workers < 1:
             raise ValueError("rollout.workers must be >= 1")
+        if self.batch_timeout_s <= 0:
+            raise ValueError("rollout.batch_timeout_s must be > 0")
 
 
 @dataclass(kw_only=True)

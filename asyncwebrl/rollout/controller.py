@@ -1,0 +1,318 @@
+"""The rollout controller: owns the executors, the pending-results queue, and weight-update brackets.
+
+The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `update_weights(fn)`,
+`stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
+sync_pool.py) stays behind that interface. The controller never imports training code: the weight
+transfer itself is the `fn` passed to `update_weights` (an xccl broadcast from the trainer, or a disk
+reload through the inference client).
+
+Completion signalling is Ray-native (see hosts.py): one collector thread per host long-polls the
+host's `fetch` and moves finished groups onto the pending queue.
+
+Invariants:
+- every group a host emits is either returned by exactly one `prepare_batch` call or dropped and
+  counted (`dropped_stale`); dropped groups get their budget back in the staleness manager and their
+  pixels freed through `on_drop_group`;
+- a returned group's head version is >= version - eta (eta = 0: exactly the trainer's version);
+- `update_weights` is bracketed: no new episode or generation request starts between `pause()` and
+  `resume()`, and the version moves only if the transfer succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from asyncwebrl.rollout.hosts import ExecutorHost, LocalExecutorHost, RolloutSpec, launch_ray_hosts, split_slots
+from asyncwebrl.rollout.staleness import StalenessManager
+from asyncwebrl.rollout.trajectory import RolloutGroup
+
+log = logging.getLogger(__name__)
+
+
+class RolloutUnavailable(RuntimeError):
+    """prepare_batch could not get enough fresh groups (timeout, or every worker is dead)."""
+
+
+def group_staleness_version(group: RolloutGroup) -> int:
+    """The version staleness is judged on: head version, or the admission version if no token was generated."""
+    head = group.head_version
+    return head if head >= 0 else group.submit_version
+
+
+class RolloutController:
+    """Everlasting async rollout behind `prepare_batch` (rollout.mode=async)."""
+
+    def __init__(
+        self,
+        hosts: list[ExecutorHost],
+        staleness: Any,
+        *,
+        batch_size: int,
+        eta: int,
+        on_drop_group: Callable[[RolloutGroup], None] | None = None,
+        on_pause: Callable[[], None] | None = None,
+        on_resume: Callable[[], None] | None = None,
+        batch_timeout_s: float = 3600.0,
+        poll_s: float = 0.5,
+        owned_actors: list[Any] | None = None,
+    ):
+        if not hosts:
+            raise ValueError("RolloutController needs at least one executor host")
+        self.hosts = hosts
+        self.staleness = staleness
+        self.batch_size = batch_size
+        self.eta = eta
+        self.on_drop_group = on_drop_group
+        self.on_pause = on_pause
+        self.on_resume = on_resume
+        self.batch_timeout_s = batch_timeout_s
+        self.poll_s = poll_s
+        self._owned_actors = owned_actors or []
+        self._pending: queue.Queue[RolloutGroup] = queue.Queue()
+        self._version = 0
+        self._stop = threading.Event()
+        self._collectors: list[threading.Thread] = []
+        self._dead_hosts: set[int] = set()
+        self._lock = threading.Lock()
+        self.started_at = 0.0
+        self.dropped_stale = 0
+        self.consumed_groups = 0
+        self.consumed_trajectories = 0
+        self.received_groups = 0
+        self.staleness_hist: Counter[int] = Counter()
+        self.wait_s = 0.0
+        """time prepare_batch spent waiting for groups (trainer idle time on the rollout)"""
+        self.paused_s = 0.0
+        self._paused_since: float | None = None
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def local(cls, spec: RolloutSpec, rollout_cfg: Any, **kwargs: Any) -> RolloutController:
+        """Executors on threads of this process (scheduler.type=local)."""
+        staleness = StalenessManager(rollout_cfg.consumer_batch_size, rollout_cfg.concurrency,
+                                     rollout_cfg.max_head_offpolicyness)
+        hosts = [LocalExecutorHost(spec, i, n, staleness)
+                 for i, n in enumerate(split_slots(rollout_cfg.concurrency, rollout_cfg.workers))]
+        kwargs.setdefault("batch_timeout_s", getattr(rollout_cfg, "batch_timeout_s", 3600.0))
+        return cls(hosts, staleness, batch_size=rollout_cfg.consumer_batch_size,
+                   eta=rollout_cfg.max_head_offpolicyness, **kwargs)
+
+    @classmethod
+    def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2, **kwargs: Any) -> RolloutController:
+        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray)."""
+        hosts, staleness, actor = launch_ray_hosts(spec, rollout_cfg.workers, rollout_cfg.concurrency,
+                                                   rollout_cfg.consumer_batch_size,
+                                                   rollout_cfg.max_head_offpolicyness, cpus_per_worker)
+        kwargs.setdefault("batch_timeout_s", getattr(rollout_cfg, "batch_timeout_s", 3600.0))
+        return cls(hosts, staleness, batch_size=rollout_cfg.consumer_batch_size,
+                   eta=rollout_cfg.max_head_offpolicyness, owned_actors=[actor], **kwargs)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> RolloutController:
+        self.started_at = time.monotonic()
+        for h in self.hosts:
+            h.start()
+        for i, h in enumerate(self.hosts):
+            t = threading.Thread(target=self._collect, args=(i, h), name=f"rollout-collector{i}", daemon=True)
+            t.start()
+            self._collectors.append(t)
+        return self
+
+    def _collect(self, index: int, host: ExecutorHost) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                groups = host.fetch(1024, self.poll_s)
+                failures = 0
+            except Exception as e:  # noqa: BLE001 - a dead worker is counted, never hangs the trainer
+                failures += 1
+                log.warning("rollout worker %d: fetch failed (%d): %r", index, failures, e)
+                if failures >= 3:
+                    with self._lock:
+                        self._dead_hosts.add(index)
+                    log.error("rollout worker %d considered dead", index)
+                    return
+                time.sleep(min(2.0, 0.2 * failures))
+                continue
+            for g in groups:
+                with self._lock:
+                    self.received_groups += 1
+                self._pending.put(g)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for h in self.hosts:
+            try:
+                h.shutdown()
+            except Exception as e:  # noqa: BLE001
+                log.warning("rollout worker shutdown failed: %r", e)
+        for t in self._collectors:
+            t.join(self.poll_s + 5)
+        self._collectors.clear()
+        if self._owned_actors:
+            import ray
+
+            for a in self._owned_actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+
+    # -- the trainer-facing API ---------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def prepare_batch(self, batch_size: int | None = None, version: int | None = None,
+                      timeout_s: float | None = None) -> list[RolloutGroup]:
+        """Block until `batch_size` groups fresh enough for `version` are ready; drop and count stale ones."""
+        n = batch_size or self.batch_size
+        v = self._version if version is None else version
+        deadline = time.monotonic() + (self.batch_timeout_s if timeout_s is None else timeout_s)
+        out: list[RolloutGroup] = []
+        t0 = time.monotonic()
+        try:
+            while len(out) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutUnavailable(
+                        f"prepare_batch got {len(out)} of {n} groups within its timeout; stats: {self._brief()}"
+                    )
+                if len(self._dead_hosts) == len(self.hosts):
+                    raise RolloutUnavailable(f"every rollout worker is dead; stats: {self._brief()}")
+                try:
+                    g = self._pending.get(timeout=min(left, 0.5))
+                except queue.Empty:
+                    continue
+                sv = group_staleness_version(g)
+                if sv < v - self.eta:
+                    self._drop(g)
+                    continue
+                out.append(g)
+        except BaseException:
+            for g in reversed(out):  # hand them back: nothing admitted may be lost
+                self._requeue_front(g)
+            raise
+        finally:
+            self.wait_s += time.monotonic() - t0
+        with self._lock:
+            self.consumed_groups += len(out)
+            self.consumed_trajectories += sum(len(g.trajectories) for g in out)
+            for g in out:
+                self.staleness_hist[v - group_staleness_version(g)] += 1
+        return out
+
+    def _requeue_front(self, g: RolloutGroup) -> None:
+        with self._pending.mutex:
+            self._pending.queue.appendleft(g)
+            self._pending.not_empty.notify()
+
+    def _drop(self, g: RolloutGroup) -> None:
+        with self._lock:
+            self.dropped_stale += 1
+        try:
+            self.staleness.on_drop()
+        except Exception as e:  # noqa: BLE001
+            log.warning("staleness on_drop failed: %r", e)
+        if self.on_drop_group is not None:
+            try:
+                self.on_drop_group(g)
+            except Exception as e:  # noqa: BLE001 - freeing pixels must not stop the trainer
+                log.warning("on_drop_group failed for %s: %r", g.group_id, e)
+
+    def pause(self) -> None:
+        for h in self.hosts:
+            h.pause()
+        if self.on_pause is not None:
+            self.on_pause()
+        self._paused_since = time.monotonic()
+
+    def resume(self) -> None:
+        if self.on_resume is not None:
+            self.on_resume()
+        for h in self.hosts:
+            h.resume()
+        if self._paused_since is not None:
+            self.paused_s += time.monotonic() - self._paused_since
+            self._paused_since = None
+
+    def set_version(self, version: int) -> None:
+        self.staleness.set_version(version)
+        for h in self.hosts:
+            h.set_version(version)
+        self._version = version
+
+    def reseed(self, version: int) -> None:
+        """Resume from a checkpoint at `version` (call before start)."""
+        self.staleness.reseed(version)
+        for h in self.hosts:
+            h.set_version(version)
+        self._version = version
+
+    def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
+        """pause -> fn() -> set_version -> resume; the version moves only if fn succeeded."""
+        target = self._version + 1 if new_version is None else new_version
+        self.pause()
+        try:
+            result = fn()
+            self.set_version(target)
+        finally:
+            self.resume()
+        return result
+
+    # -- statistics ---------------------------------------------------------------------------
+    def _brief(self) -> dict:
+        return {"version": self._version, "pending": self._pending.qsize(), "dropped_stale": self.dropped_stale,
+                "dead_workers": sorted(self._dead_hosts), "admission": self.staleness.as_dict()}
+
+    def stats(self) -> dict:
+        elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
+        workers = []
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
+            try:
+                workers.append(h.stats())
+            except Exception as e:  # noqa: BLE001
+                log.warning("rollout worker %d stats failed: %r", i, e)
+        slot_s = sum(w["slots"] * w["elapsed_s"] for w in workers)
+        busy_s = sum(w["busy_s"] for w in workers)
+        with self._lock:
+            return {
+                "version": self._version,
+                "elapsed_s": elapsed,
+                "consumed_groups": self.consumed_groups,
+                "consumed_trajectories": self.consumed_trajectories,
+                "trajectories_per_s": self.consumed_trajectories / elapsed if elapsed > 0 else 0.0,
+                "received_groups": self.received_groups,
+                "pending_groups": self._pending.qsize(),
+                "dropped_stale": self.dropped_stale,
+                "staleness_hist": dict(sorted(self.staleness_hist.items())),
+                "rollout_idle_fraction": max(0.0, 1 - busy_s / slot_s) if slot_s > 0 else 0.0,
+                "trainer_wait_s": self.wait_s,
+                "paused_s": self.paused_s,
+                "failed_rollouts": sum(w["failed"] for w in workers),
+                "failed_trajectories": sum(w["failed_trajectories"] for w in workers),
+                "dead_workers": len(self._dead_hosts),
+                "admission": self.staleness.as_dict(),
+                "workers": workers,
+            }
+
+
+def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type: str, **kwargs: Any) -> Any:
+    """The rollout side a run uses: the async controller, or the synchronous pool for rollout.mode=sync."""
+    if rollout_cfg.mode == "sync":
+        from asyncwebrl.rollout.sync_pool import SyncRolloutPool
+
+        return SyncRolloutPool(spec, rollout_cfg, on_drop_group=kwargs.get("on_drop_group"))
+    if scheduler_type == "ray":
+        return RolloutController.ray(spec, rollout_cfg, **kwargs)
+    if scheduler_type == "local":
+        return RolloutController.local(spec, rollout_cfg, **kwargs)
+    raise ValueError(f"unknown scheduler type {scheduler_type!r} (local | ray)")

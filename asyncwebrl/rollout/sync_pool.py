@@ -1,0 +1,215 @@
+"""The synchronous baseline pool (rollout.mode=sync, SPEC section 9): the WebGym design.
+
+Each `prepare_batch` is one round: spawn fresh sessions (a new workflow with new environments, paying
+their warm-up when `rollout.sync_warmup`), run B groups concurrently until every episode has finished
+or hit its horizon, close the sessions, return the groups. Nothing runs between rounds, so the
+trainer's step and the weight refresh happen while rollout is idle, and every round waits for its
+slowest episode. Same `prepare_batch` / `update_weights` / `stats` interface as RolloutController, so
+one benchmark can put the two side by side.
+
+Invariants: every group of a round is generated entirely at the version given to that round
+(on-policy by construction, eta plays no role); a group whose episodes all failed is counted and
+re-run within the same round, so a round returns exactly B groups or raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncwebrl.rollout.executor import ExecutorStats
+from asyncwebrl.rollout.gate import ResumeGate
+from asyncwebrl.rollout.hosts import RolloutSpec
+from asyncwebrl.rollout.trajectory import RolloutGroup
+
+log = logging.getLogger(__name__)
+
+
+class SyncRolloutPool:
+    """Round-based rollout behind the RolloutController interface."""
+
+    def __init__(self, spec: RolloutSpec, rollout_cfg: Any, *, warmup: bool | None = None,
+                 on_drop_group: Callable[[RolloutGroup], None] | None = None, max_round_retries: int = 3):
+        self.spec = spec
+        self.batch_size = rollout_cfg.consumer_batch_size
+        self.warmup = rollout_cfg.sync_warmup if warmup is None else warmup
+        self.batch_timeout_s = getattr(rollout_cfg, "batch_timeout_s", 3600.0)
+        self.on_drop_group = on_drop_group  # unused: a sync round never produces stale groups
+        self.max_round_retries = max_round_retries
+        self.gate = ResumeGate()
+        self.tasks = spec.make_tasks(0)
+        self._workflow: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._version = 0
+        self.started_at = 0.0
+        self.rounds = 0
+        self.consumed_groups = 0
+        self.consumed_trajectories = 0
+        self.failed = 0
+        self.failed_trajectories = 0
+        self.busy_slot_s = 0.0
+        """sum over groups of the time each group ran (its slot's busy time)"""
+        self.round_slot_s = 0.0
+        """sum over rounds of B x the round's wall time (slot-time the round held)"""
+        self.warmup_s = 0.0
+        self.wait_s = 0.0
+        self.paused_s = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> SyncRolloutPool:
+        # one loop for the whole run: environments (Playwright pages) are bound to the loop that made them
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sync-pool-loop", daemon=True)
+        self._thread.start()
+        self.started_at = time.monotonic()
+        return self
+
+    def shutdown(self) -> None:
+        if self._loop is None:
+            return
+        if self._workflow is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(self._workflow), self._loop).result(60)
+            except Exception as e:  # noqa: BLE001
+                log.warning("sync pool: closing sessions failed: %r", e)
+            self._workflow = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop.close()
+        self._loop = None
+
+    @staticmethod
+    async def _close(wf: Any) -> None:
+        closer = getattr(wf, "aclose", None)
+        if closer is not None:
+            await asyncio.wait_for(closer(), 60)
+
+    # -- one round ----------------------------------------------------------------------------
+    async def _run_group(self, wf: Any) -> tuple[RolloutGroup | None, float]:
+        t0 = time.monotonic()
+        task = self.tasks.next()
+        try:
+            g = await wf(task, lambda: self._version)
+        except Exception as e:  # noqa: BLE001 - counted; the round re-runs it
+            log.warning("sync round: rollout of %s failed: %r", task.group_key, e)
+            return None, time.monotonic() - t0
+        if not g.trajectories or all(t.failed for t in g.trajectories):
+            return None, time.monotonic() - t0
+        g.submit_version = self._version
+        return g, time.monotonic() - t0
+
+    async def _round(self, n: int) -> list[RolloutGroup]:
+        wf = self._workflow
+        if wf is None or self.warmup:
+            wf = self.spec.make_workflow(0, self.gate)
+        out: list[RolloutGroup] = []
+        try:
+            for _ in range(self.max_round_retries + 1):
+                t0 = time.monotonic()
+                need = n - len(out)
+                results = await asyncio.gather(*(self._run_group(wf) for _ in range(need)))
+                self.round_slot_s += need * (time.monotonic() - t0)
+                for g, busy in results:
+                    self.busy_slot_s += busy
+                    if g is None:
+                        self.failed += 1
+                    else:
+                        self.failed_trajectories += sum(t.failed for t in g.trajectories)
+                        out.append(g)
+                if len(out) >= n:
+                    break
+            if len(out) < n:
+                raise RuntimeError(f"sync round finished only {len(out)} of {n} groups after retries")
+        finally:
+            self.warmup_s += float(getattr(wf, "env_create_s", 0.0))
+            if self.warmup:
+                await self._close(wf)  # sessions die with the round: the next one warms up again
+            else:
+                self._workflow = wf
+        return out
+
+    def prepare_batch(self, batch_size: int | None = None, version: int | None = None,
+                      timeout_s: float | None = None) -> list[RolloutGroup]:
+        n = batch_size or self.batch_size
+        if version is not None:
+            self._version = version
+        if self._loop is None:
+            raise RuntimeError("SyncRolloutPool.prepare_batch before start()")
+        t0 = time.monotonic()
+        fut = asyncio.run_coroutine_threadsafe(self._round(n), self._loop)
+        try:
+            groups = fut.result(timeout_s or self.batch_timeout_s)
+        except concurrent.futures.TimeoutError as e:
+            fut.cancel()
+            raise RuntimeError(f"sync round did not finish within {timeout_s or self.batch_timeout_s} s") from e
+        finally:
+            self.wait_s += time.monotonic() - t0
+        self.rounds += 1
+        self.consumed_groups += len(groups)
+        self.consumed_trajectories += sum(len(g.trajectories) for g in groups)
+        return groups
+
+    # -- the rest of the controller interface -------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def pause(self) -> None:
+        self.gate.pause()
+
+    def resume(self) -> None:
+        self.gate.resume()
+
+    def set_version(self, version: int) -> None:
+        self._version = version
+
+    def reseed(self, version: int) -> None:
+        self._version = version
+
+    def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
+        target = self._version + 1 if new_version is None else new_version
+        t0 = time.monotonic()
+        self.pause()
+        try:
+            result = fn()
+            self._version = target
+        finally:
+            self.resume()
+            self.paused_s += time.monotonic() - t0
+        return result
+
+    def stats(self) -> dict:
+        elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
+        # slot-time: B slots exist for the whole run; they are busy only while their group runs
+        slot_s = self.batch_size * elapsed
+        return {
+            "version": self._version,
+            "elapsed_s": elapsed,
+            "rounds": self.rounds,
+            "consumed_groups": self.consumed_groups,
+            "consumed_trajectories": self.consumed_trajectories,
+            "trajectories_per_s": self.consumed_trajectories / elapsed if elapsed > 0 else 0.0,
+            "dropped_stale": 0,
+            "staleness_hist": {0: self.consumed_groups} if self.consumed_groups else {},
+            "rollout_idle_fraction": max(0.0, 1 - self.busy_slot_s / slot_s) if slot_s > 0 else 0.0,
+            "round_tail_idle_fraction": max(0.0, 1 - self.busy_slot_s / self.round_slot_s) if self.round_slot_s else 0.0,
+            "trainer_wait_s": self.wait_s,
+            "warmup_s": self.warmup_s,
+            "paused_s": self.paused_s,
+            "failed_rollouts": self.failed,
+            "failed_trajectories": self.failed_trajectories,
+        }
+
+    def executor_stats(self) -> ExecutorStats:
+        elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
+        return ExecutorStats(name="sync-pool", slots=self.batch_size, admitted=self.consumed_groups + self.failed,
+                             completed=self.consumed_groups, failed=self.failed, cancelled=0,
+                             trajectories=self.consumed_trajectories, failed_trajectories=self.failed_trajectories,
+                             pending_results=0, busy_s=self.busy_slot_s, elapsed_s=elapsed, paused=self.gate.paused)
