@@ -106,6 +106,7 @@ class BrowserSession:
         self.generation = generation
         """browser launch number this session lives in (a relaunch invalidates older sessions)"""
         self.policy = NavigationPolicy()
+        self.viewport: dict[str, int] = {}
         self.episodes = 0
         self.crashed = False
         self.blocked: list[str] = []
@@ -223,10 +224,16 @@ class BrowserPool:
                 return p.pid
         return None
 
-    async def acquire(self, previous: BrowserSession | None = None) -> BrowserSession:
-        """A session ready for an episode: `previous` itself while it is healthy and young, else a new one."""
+    async def acquire(self, previous: BrowserSession | None = None, cfg: EnvConfig | None = None) -> BrowserSession:
+        """A session ready for an episode: `previous` itself while it is healthy and young, else a new one.
+
+        cfg: the environment's config (viewport, recycling); default the pool's own.
+        """
+        cfg = cfg or self.cfg
+        viewport = {"width": cfg.viewport_width, "height": cfg.viewport_height}
         if previous is not None:
-            if previous.alive() and previous.episodes < max(1, self.cfg.recycle_context_every):
+            if (previous.alive() and previous.episodes < max(1, cfg.recycle_context_every)
+                    and previous.viewport == viewport):
                 return previous
             await self.release(previous)
             if previous.alive():
@@ -235,7 +242,7 @@ class BrowserPool:
             await self._ensure_browser()
             try:
                 context = await asyncio.wait_for(self._browser.new_context(
-                    viewport={"width": self.cfg.viewport_width, "height": self.cfg.viewport_height},
+                    viewport=viewport,
                     accept_downloads=False,
                     service_workers="block",
                     java_script_enabled=True,
@@ -245,6 +252,7 @@ class BrowserPool:
             except Exception as e:
                 raise EnvCrashed(f"could not open a browser context: {e}") from e
         session = BrowserSession(self, context, page, self.generation)
+        session.viewport = viewport
         await context.route("**/*", session._route)
         page.set_default_timeout(10_000)
         self.sessions_created += 1

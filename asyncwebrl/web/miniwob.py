@@ -134,7 +134,7 @@ class MiniWoBEnv:
 
     async def reset(self, task: Task) -> Observation:
         url = self.task_url(task)
-        self.session = await self.pool.acquire(self.session)
+        self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = NavigationPolicy([self.server.origin])
         try:
@@ -178,6 +178,7 @@ class MiniWoBEnv:
             raise RuntimeError("step() before reset()")
         s = self.session
         prev_png = self._last_png
+        was_done = self._done
         info: dict[str, Any] = {}
         executed = False
         try:
@@ -207,15 +208,15 @@ class MiniWoBEnv:
             info["blocked"] = blocked
             executed = False
         self.steps += 1
-        done = bool(state["done"])
-        raw = float(state["raw"] or 0.0) if done else 0.0
+        done = bool(state["done"]) or was_done
+        raw = float(state["raw"] or 0.0) if done and not was_done else 0.0
         success = done and raw > 0
         self._done = self._done or done
         self._last_png = obs.screenshot
         res = StepResult(
             reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
             invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png,
-            info={**info, "discounted_reward": float(state["reward"] or 0.0) if done else 0.0,
+            info={**info, "discounted_reward": float(state["reward"] or 0.0) if done and not was_done else 0.0,
                   "reason": state.get("reason")},
         )
         return obs, res

@@ -231,7 +231,7 @@ class WebGymEnv:
         if task.spec["evaluator"]["type"] == "vlm_judge" and not self.cfg.vlm_judge_url:
             raise ValueError(f"task {task.task_id} needs the VLM judge; set env.vlm_judge_url")
         start, policy = self.resolve(task)
-        self.session = await self.pool.acquire(self.session)
+        self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = policy
         try:

@@ -1,0 +1,155 @@
+"""The multi-step episode loop (WebGym workflow) shared by training rollout, the synchronous
+baseline, and evaluation: screenshot -> PixelStore key -> prompt -> generate -> parse -> act.
+
+Invariants:
+- Each step is its own training sample: the exact prompt ids the server saw, the generated ids,
+  their behaviour logprobs and per-token weight versions (all three aligned), and the PixelStore
+  keys of the screenshots in that prompt (in prompt order). A key reused by a later step's window
+  is retained once more, so every occurrence in the trajectory is one reference to free.
+- In `store` transport no pixels ride in the trajectory; in `object_store` transport they do and
+  nothing is put in the store.
+- The loop never raises for a bad model output (invalid step) or a broken environment/server: it
+  returns the trajectory with `failed=True` and the reason in `info["error"]`, after freeing the
+  pixel references it took. Cancellation frees them too and propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from typing import Any, Callable
+
+from asyncwebrl.models.vlm import decode_image, encode_image_b64
+from asyncwebrl.rollout.trajectory import StepSample, Trajectory, new_id
+from asyncwebrl.web.actions import parse_action
+from asyncwebrl.web.base import EnvCrashed, Task
+from asyncwebrl.web.prompt import build_messages, short_action
+
+log = logging.getLogger(__name__)
+
+PIXEL_TRANSPORTS = ("store", "object_store")
+
+
+async def _store_call(fn: Callable, *args: Any) -> Any:
+    """A store method, sync (run off the loop: a bounded store may block on back-pressure) or async."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    out = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(out):
+        out = await out
+    return out
+
+
+async def run_episode(
+    env: Any,
+    task: Task,
+    client: Any,
+    adapter: Any,
+    store: Any,
+    sampling: dict[str, Any],
+    env_cfg: Any,
+    version: int | Callable[[], int],
+    pixel_transport: str = "store",
+) -> Trajectory:
+    """Play one episode of `task` in `env` with the policy behind `client`; returns its Trajectory.
+
+    version: the trainer's current weight version (or a getter); used for tokens the client
+    returns without per-token versions.
+    """
+    if pixel_transport not in PIXEL_TRANSPORTS:
+        raise ValueError(f"pixel_transport must be one of {PIXEL_TRANSPORTS}, got {pixel_transport!r}")
+    version_of = version if callable(version) else (lambda: version)
+    traj = Trajectory(traj_id=new_id("t-"), task_id=task.group_key, steps=[], reward=0.0, start_time=time.time())
+    use_store = pixel_transport == "store"
+    window_k = env_cfg.history_k if env_cfg.use_screenshot else 0
+    window: list[tuple[str | None, bytes]] = []
+    history: list[str] = []
+    taken: list[str] = []  # every pixel reference this episode holds, for cleanup on failure
+    gen_s = env_s = 0.0
+    n_unchanged = 0
+    max_prompt = 0
+    v0 = int(version_of())
+    max_steps = task.max_steps if task.max_steps and task.max_steps > 0 else env_cfg.max_steps
+    last = None
+    try:
+        t = time.monotonic()
+        obs = await env.reset(task)
+        env_s += time.monotonic() - t
+        for _ in range(max_steps):
+            if window_k > 0:
+                key = await _store_call(store.put, obs.screenshot) if use_store else None
+                if key is not None:
+                    taken.append(key)
+                window = (window + [(key, obs.screenshot)])[-window_k:]
+                reused = [k for k, _ in window[:-1] if k is not None]
+                if reused and hasattr(store, "retain"):
+                    await _store_call(store.retain, reused)
+                    taken.extend(reused)
+            messages = build_messages(obs.instruction, obs.elements, history, len(window), env_cfg)
+            text = adapter.chat_text(messages)
+            pngs = [p for _, p in window]
+            enc = await asyncio.to_thread(adapter.encode, text, [decode_image(p) for p in pngs])
+            max_prompt = max(max_prompt, len(enc.input_ids))
+            t = time.monotonic()
+            out = await client.agenerate(
+                enc.input_ids,
+                image_data=[encode_image_b64(p) for p in pngs],
+                sampling=sampling,
+                sticky_key=traj.traj_id,
+            )
+            gen_s += time.monotonic() - t
+            ids = list(out.output_ids)
+            versions = list(out.output_versions) if out.output_versions else [int(version_of())] * len(ids)
+            action = parse_action(out.text)
+            t = time.monotonic()
+            obs, res = await env.step(action)
+            env_s += time.monotonic() - t
+            invalid = action is None or res.invalid
+            traj.steps.append(StepSample(
+                prompt_ids=list(enc.input_ids),
+                output_ids=ids,
+                behave_logprobs=list(out.output_logprobs),
+                versions=versions,
+                pixel_keys=[k for k, _ in window if k is not None] if use_store else [],
+                pixels=None if use_store else list(pngs),
+                action_text=out.text,
+                action=action,
+                invalid=invalid,
+                step_reward=res.reward,
+            ))
+            traj.n_invalid += int(invalid)
+            n_unchanged += int(res.screenshot_unchanged)
+            history.append("" if action is None else short_action(out.text))
+            last = res
+            if res.done:
+                break
+    except asyncio.CancelledError:
+        await _release(store, taken)
+        raise
+    except Exception as e:  # the episode broke (EnvCrashed, server failure): reported, never raised
+        kind = "env_crashed" if isinstance(e, EnvCrashed) else type(e).__name__
+        log.warning("episode %s of %s failed: %s: %s", traj.traj_id, task.group_key, kind, e)
+        await _release(store, taken)
+        for s in traj.steps:
+            s.pixel_keys = []
+        traj.failed = True
+        traj.info["error"] = f"{kind}: {e}"
+    traj.end_time = time.time()
+    traj.success = bool(last is not None and last.done and last.success) and not traj.failed
+    traj.truncated = not traj.failed and not (last is not None and last.done)
+    traj.raw_reward = float(last.raw_reward) if last is not None else 0.0
+    traj.reward = 0.0 if traj.failed else (1.0 if traj.success else 0.0) + env_cfg.invalid_action_penalty * traj.n_invalid
+    traj.info.update(n_unchanged=n_unchanged, gen_s=round(gen_s, 4), env_s=round(env_s, 4),
+                     max_prompt_tokens=max_prompt, start_version=v0)
+    return traj
+
+
+async def _release(store: Any, keys: list[str]) -> None:
+    if not keys or store is None:
+        return
+    try:
+        await asyncio.wait_for(_store_call(store.free, keys), timeout=30)
+    except Exception as e:  # a dead store loses the pixels anyway; the trainer counts them missing
+        log.warning("could not free %d pixel references: %s", len(keys), e)

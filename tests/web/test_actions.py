@@ -1,0 +1,66 @@
+"""The action grammar: every documented form parses to the right action, and arbitrary text never
+raises (it is an action or None)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncwebrl.web.actions import format_action, parse_action
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Click [12, 40]", {"type": "click", "x": 12.0, "y": 40.0}),
+        ("click [12]", {"type": "click", "element": 12}),
+        ("Action: CLICK [3] because it is the OK button", {"type": "click", "element": 3}),
+        ("Type [10, 20] [hello world]", {"type": "type", "x": 10.0, "y": 20.0, "text": "hello world"}),
+        ("type [4] [Bob]", {"type": "type", "element": 4, "text": "Bob"}),
+        ("Scroll [WINDOW] [down]", {"type": "scroll", "direction": "down"}),
+        ("scroll [50, 60] [UP]", {"type": "scroll", "x": 50.0, "y": 60.0, "direction": "up"}),
+        ("GoBack", {"type": "go_back"}),
+        ("wait", {"type": "wait"}),
+        ("ANSWER [$12]", {"type": "answer", "text": "$12"}),
+        ("click('12')", {"type": "click", "element": 12}),
+        ('fill("7", "some text")', {"type": "type", "element": 7, "text": "some text"}),
+        ("mouse_click(33.5, 70)", {"type": "click", "x": 33.5, "y": 70.0}),
+        ("scroll(0, 200)", {"type": "scroll", "dx": 0.0, "dy": 200.0}),
+        ("send_msg_to_user('It costs $12')", {"type": "answer", "text": "It costs $12"}),
+        ("go_back()", {"type": "go_back"}),
+        ("first click [2] then click [5]", {"type": "click", "element": 2}),
+    ],
+)
+def test_documented_forms_parse(text, expected):
+    assert parse_action(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "   ", "I would click the button", "click []", "click [a, b]",
+                                  "click('abc')", "type [3]", "mouse_click(nan, 1)", "Click [1e999, 2]", None, 42])
+def test_non_actions_are_invalid(text):
+    assert parse_action(text) is None
+
+
+def test_format_roundtrip():
+    for a in [{"type": "click", "element": 3}, {"type": "click", "x": 10.0, "y": 20.5},
+              {"type": "type", "element": 2, "text": "Alice"}, {"type": "scroll", "direction": "up"},
+              {"type": "go_back"}, {"type": "wait"}, {"type": "answer", "text": "42"},
+              {"type": "scroll", "dx": 0.0, "dy": 100.0}]:
+        assert parse_action(format_action(a)) == a
+
+
+_alphabet = st.sampled_from(list("clickCLICKtypefil()[]'\",.0123456789 -_scrollwindowupdownanswer\n\\"))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.text(alphabet=_alphabet, max_size=80)))
+def test_fuzz_never_raises(text):
+    out = parse_action(text)
+    assert out is None or (isinstance(out, dict) and out["type"] in
+                           {"click", "type", "scroll", "go_back", "wait", "answer"})
+
+
+def test_huge_output_is_bounded():
+    assert parse_action("x" * 1_000_000 + " click [1]") is None
+    assert parse_action("click [1] " + "y" * 1_000_000) == {"type": "click", "element": 1}
