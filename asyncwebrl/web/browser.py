@@ -111,6 +111,8 @@ class BrowserSession:
         self.crashed = False
         self.blocked: list[str] = []
         """URLs refused by the policy since the last `take_blocked()`"""
+        self.blocked_navigation = False
+        """the main frame tried to navigate to a refused URL"""
         page.on("crash", lambda *_: self._mark_crashed())
         page.on("close", lambda *_: self._mark_crashed())
         context.on("page", self._on_popup)
@@ -139,12 +141,32 @@ class BrowserSession:
         out, self.blocked = self.blocked, []
         return out
 
+    async def undo_blocked_navigation(self, last_url: str) -> bool:
+        """If the main frame tried to navigate somewhere refused, put it back on `last_url` (after the
+        browser has committed its error page, which otherwise lands after we look); True if it did."""
+        if not self.blocked_navigation:
+            return False
+        self.blocked_navigation = False
+        for _ in range(20):
+            if self.page.url.startswith("chrome-error:") or self.page.url != last_url:
+                break
+            await asyncio.sleep(0.05)
+        if self.page.url != last_url:
+            await self.page.goto(last_url, wait_until="load", timeout=30_000)
+        self.blocked_navigation = False
+        return True
+
     async def _route(self, route) -> None:
         ok, reason = self.policy.permits(route.request.url)
         if ok:
             await route.continue_()
         else:
             self.blocked.append(route.request.url)
+            try:
+                if route.request.is_navigation_request() and route.request.frame == self.page.main_frame:
+                    self.blocked_navigation = True
+            except Exception:  # requests without a frame (workers) are not page navigations
+                pass
             log.debug("blocked %s: %s", route.request.url, reason)
             await route.abort("blockedbyclient")
 

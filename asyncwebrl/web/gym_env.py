@@ -52,7 +52,7 @@ class _LoopThread:
 class BrowserGymEnv(gym.Env):
     """One browser session as a synchronous Gymnasium env."""
 
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
     def __init__(self, env_type: str = "miniwob", task: str = "click-button", task_file: str | None = None,
                  max_steps: int | None = None, render_mode: str | None = None, **env_overrides: Any):

@@ -237,6 +237,7 @@ class WebGymEnv:
         try:
             await s.context.clear_cookies()
             await s.page.goto(start, wait_until="load", timeout=30_000)
+            s.blocked_navigation = False
             blocked = s.take_blocked()
             if blocked:
                 raise ValueError(f"task {task.task_id}: start URL {start} is refused by its own policy")
@@ -272,7 +273,11 @@ class WebGymEnv:
     async def _restore_if_escaped(self, info: dict[str, Any]) -> bool:
         """Back to the last allowed page if the agent left the allowed origins; True if it had."""
         page, s = self.session.page, self.session
+        undone = await s.undo_blocked_navigation(self._last_url)
         blocked = s.take_blocked()
+        if undone:
+            info["blocked"] = blocked or [page.url]
+            return True
         ok, reason = s.policy.permits(page.url)
         if ok and not page.url.startswith("chrome-error:") and not blocked:
             return False
