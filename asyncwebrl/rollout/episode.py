@@ -136,6 +136,12 @@ async def run_episode(
             s.pixel_keys = []
         traj.failed = True
         traj.info["error"] = f"{kind}: {e}"
+    release = getattr(client, "release", None)
+    if callable(release):
+        try:
+            release(traj.traj_id)  # the episode's server stickiness ends with it
+        except Exception:
+            pass
     traj.end_time = time.time()
     traj.success = bool(last is not None and last.done and last.success) and not traj.failed
     traj.truncated = not traj.failed and not (last is not None and last.done)
