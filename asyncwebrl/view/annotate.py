@@ -140,12 +140,50 @@ def _arrow(draw: ImageDraw.ImageDraw, centre: tuple[float, float], direction: st
     sx, sy = cx - vec[0] * length / 2, cy - vec[1] * length / 2
     ex, ey = cx + vec[0] * length / 2, cy + vec[1] * length / 2
     w = max(4, int(length / 10))
-    draw.line([(sx, sy), (ex, ey)], fill=colour + (255,), width=w)
+    draw.line([(sx, sy), (ex, ey)], fill=colour, width=w)
     head = length / 3
     px, py = -vec[1], vec[0]  # perpendicular
     draw.polygon([(ex + vec[0] * head / 2, ey + vec[1] * head / 2),
                   (ex + px * head / 2, ey + py * head / 2), (ex - px * head / 2, ey - py * head / 2)],
-                 fill=colour + (255,))
+                 fill=colour)
+
+
+def _caption(mark: ActionMark, invalid: bool) -> str:
+    where = f"at ({mark.point[0]:.0f}, {mark.point[1]:.0f})" if mark.point is not None else ""
+    caption = {
+        "click": " ".join(p for p in ("click", mark.label, where) if p),
+        "type": " ".join(p for p in ("type", mark.label, where) if p),
+        "scroll": " ".join(p for p in ("scroll", mark.direction, mark.label) if p), "goback": "go back",
+        "wait": "wait", "answer": f"answer: {mark.text[:60]}",
+        "invalid": "INVALID action (did not parse / not executable)", "other": "action",
+    }[mark.kind]
+    return f"INVALID {caption}" if invalid and mark.kind != "invalid" else caption
+
+
+def _draw_marks(draw: ImageDraw.ImageDraw, mark: ActionMark, point: tuple[float, float] | None,
+                box: tuple[int, int, int, int], font) -> None:
+    """Draw the mark inside `box` = (left, top, width, height) of the screenshot on the canvas."""
+    left, top, w, h = box
+    r = max(8, w // 40)
+    colour = {"click": _CLICK, "type": _TYPE, "scroll": _SCROLL}.get(mark.kind, _OTHER)
+    if point is not None and mark.kind in ("click", "type", "other", "invalid"):
+        x, y = point[0] + left, point[1] + top
+        draw.ellipse([x - r, y - r, x + r, y + r], outline=colour, width=max(2, r // 3))
+        draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+        for (ax, ay), (bx, by) in [((-2, 0), (-1, 0)), ((1, 0), (2, 0)), ((0, -2), (0, -1)), ((0, 1), (0, 2))]:
+            draw.line([(x + ax * r, y + ay * r), (x + bx * r, y + by * r)], fill=colour, width=2)
+    if mark.kind == "scroll":
+        centre = point if point is not None else (w * 0.85, h / 2)
+        _arrow(draw, (centre[0] + left, centre[1] + top), mark.direction, min(w, h) / 4, _SCROLL)
+    if mark.kind == "type" and mark.text:
+        anchor = point if point is not None else (8, h / 2)
+        text = f"type: {mark.text[:60]}"
+        tb = draw.textbbox((0, 0), text, font=font)
+        tx = left + min(anchor[0] + r + 4, max(0, w - (tb[2] - tb[0]) - 8))
+        ty = top + min(anchor[1] + r + 4, h - (tb[3] - tb[1]) - 8)
+        draw.rectangle([tx - 3, ty - 3, tx + tb[2] - tb[0] + 3, ty + tb[3] - tb[1] + 3],
+                       fill=(255, 255, 255), outline=_TYPE, width=2)
+        draw.text((tx, ty - tb[1]), text, fill=_TYPE, font=font)
 
 
 def draw_action(png: bytes, action: dict[str, Any] | None, invalid: bool, coord_mode: str = "pixel") -> bytes | None:
@@ -153,61 +191,31 @@ def draw_action(png: bytes, action: dict[str, Any] | None, invalid: bool, coord_
     try:
         img = Image.open(io.BytesIO(png))
         img.load()
+        img = img.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None
     orig = img.size
     mark = action_mark(action, invalid, orig, coord_mode)
-    img = img.convert("RGBA")
     scale = max(1.0, MIN_WIDTH / max(1, orig[0]))
     if scale > 1.0:
         img = img.resize((round(orig[0] * scale), round(orig[1] * scale)), Image.NEAREST)
-    overlay = Image.new("RGBA", img.size, (0, 0, 0, 0))
-    draw = ImageDraw.Draw(overlay)
     w, h = img.size
-    font = _font(max(12, w // 32))
+    font = _font(max(13, min(28, w // 32)))
     point = None
     if mark.point is not None:
         point = (min(max(mark.point[0] * scale, 0), w - 1), min(max(mark.point[1] * scale, 0), h - 1))
-    r = max(8, w // 40)
-    colour = {"click": _CLICK, "type": _TYPE, "scroll": _SCROLL}.get(mark.kind, _OTHER)
-    if point is not None and mark.kind in ("click", "type", "other", "invalid"):
-        x, y = point
-        draw.ellipse([x - r, y - r, x + r, y + r], outline=colour + (255,), width=max(2, r // 3))
-        draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour + (255,))
-        draw.line([(x - 2 * r, y), (x - r, y)], fill=colour + (255,), width=2)
-        draw.line([(x + r, y), (x + 2 * r, y)], fill=colour + (255,), width=2)
-        draw.line([(x, y - 2 * r), (x, y - r)], fill=colour + (255,), width=2)
-        draw.line([(x, y + r), (x, y + 2 * r)], fill=colour + (255,), width=2)
-    if mark.kind == "scroll":
-        centre = point if point is not None else (w * 0.85, h / 2)
-        _arrow(draw, centre, mark.direction, min(w, h) / 4, _SCROLL)
-    if mark.kind == "type" and mark.text:
-        anchor = point if point is not None else (8, h / 2)
-        text = f"type: {mark.text[:60]}"
-        box = draw.textbbox((0, 0), text, font=font)
-        tx = min(anchor[0] + r + 4, max(0, w - (box[2] - box[0]) - 8))
-        ty = min(anchor[1] + r + 4, h - (box[3] - box[1]) - 8)
-        draw.rectangle([tx - 3, ty - 3, tx + box[2] - box[0] + 3, ty + box[3] - box[1] + 3],
-                       fill=(255, 255, 255, 230), outline=_TYPE + (255,), width=2)
-        draw.text((tx, ty - box[1]), text, fill=_TYPE + (255,), font=font)
-    where = f"at ({mark.point[0]:.0f}, {mark.point[1]:.0f})" if mark.point is not None else ""
-    caption = {
-        "click": " ".join(p for p in ("click", mark.label, where) if p),
-        "type": " ".join(p for p in ("type", mark.label, where) if p),
-        "scroll": f"scroll {mark.direction}", "goback": "go back", "wait": "wait",
-        "answer": f"answer: {mark.text[:60]}", "invalid": "INVALID action (did not parse / not executable)",
-        "other": "action",
-    }[mark.kind]
-    if mark.kind == "invalid" or invalid:
-        draw.rectangle([0, 0, w - 1, h - 1], outline=_CLICK + (255,), width=max(3, w // 120))
-        if mark.kind != "invalid":
-            caption = f"INVALID {caption}"
-    shot = Image.alpha_composite(img, overlay).convert("RGB")
+    caption = _caption(mark, invalid)
+    bad = invalid or mark.kind == "invalid"
     # The caption goes on a strip above the screenshot, so it never hides what the model saw.
     bh = _banner_height(caption, font)
     canvas = Image.new("RGB", (w, h + bh), "white")
-    canvas.paste(shot, (0, bh))
-    _banner(ImageDraw.Draw(canvas), w, bh, caption, _CLICK if invalid or mark.kind == "invalid" else colour, font)
+    canvas.paste(img, (0, bh))
+    draw = ImageDraw.Draw(canvas)
+    _draw_marks(draw, mark, point, (0, bh, w, h), font)
+    if bad:
+        draw.rectangle([0, bh, w - 1, h + bh - 1], outline=_CLICK, width=max(3, w // 120))
+    colour = {"click": _CLICK, "type": _TYPE, "scroll": _SCROLL}.get(mark.kind, _OTHER)
+    _banner(draw, w, bh, caption, _CLICK if bad else colour, font)
     out = io.BytesIO()
-    canvas.save(out, format="PNG")
+    canvas.save(out, format="PNG", compress_level=3)
     return out.getvalue()

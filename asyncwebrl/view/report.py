@@ -1,8 +1,8 @@
 """`asyncwebrl view RUN_DIR [--serve --port N]`: write RUN_DIR/report/index.html, a static offline
 page (episode browser, training plots, timeline, config), and optionally serve it on 127.0.0.1.
 
-Invariant: the report folder is rebuilt from scratch on every call (an evicted episode never lingers)
-and index.html is replaced atomically; a missing, empty or partial run directory yields a page with
+Invariant: the report folder reflects the run directory as it is now (plots redrawn, an evicted
+episode never lingers) and index.html is replaced atomically; a missing, empty or partial run directory yields a page with
 "no data yet" placeholders, never a traceback. Nothing in the page loads from the network.
 """
 
@@ -203,7 +203,7 @@ def build_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Repo
     d = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else d.root / REPORT_DIRNAME
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("episodes", "plots", "assets"):
+    for sub in ("plots", "assets"):  # episodes/ prunes itself (export_episodes)
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "assets").mkdir()
     for name in ("report.css", "viewer.js"):

@@ -90,7 +90,8 @@ def test_versions_summary_flags_generation_across_a_weight_update():
 
 def test_traj_ids_cannot_escape_the_report_folder():
     assert "/" not in safe_name("../../etc/passwd") and not safe_name("../x").startswith(".")
-    assert safe_name("") == "episode"
+    assert safe_name("").startswith("episode")
+    assert safe_name("a/b") != safe_name("a_b") and safe_name("ep-1") == "ep-1"
 
 
 def test_bad_run_dir_is_a_clear_error(tmp_path):
