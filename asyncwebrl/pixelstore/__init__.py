@@ -20,7 +20,7 @@ def make_pixel_store(cfg: Any, scheduler_type: str, run_name: str) -> Any:
         from asyncwebrl.pixelstore.ray_store import PixelStoreClient, launch_ray_stores
 
         handles = launch_ray_stores(run_name, capacity, cfg.put_timeout_s, max_age)
-        return PixelStoreClient(run_name, list(handles), put_timeout_s=cfg.put_timeout_s)
+        return PixelStoreClient(run_name, handles, put_timeout_s=cfg.put_timeout_s)
     if scheduler_type == "local":
         from asyncwebrl.pixelstore.local_store import start_local_store
 

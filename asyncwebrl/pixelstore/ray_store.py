@@ -110,8 +110,12 @@ class PixelStoreClient:
     async variants `aput`, `aput_batch`, `aget` for code running in an event loop.
     """
 
-    def __init__(self, run_name: str, prefixes: list[str], put_timeout_s: float = 60.0,
+    def __init__(self, run_name: str, prefixes: list[str] | dict[str, Any], put_timeout_s: float = 60.0,
                  call_timeout_s: float = 30.0, retry_deadline_s: float = 60.0):
+        """`prefixes`: the store prefixes, or the {prefix: handle} dict of launch_ray_stores. Pass the
+        dict in the process that launched the stores: Ray ends a (non-detached) actor when its last
+        handle is gone, so the owning client keeps them alive for the run."""
+        self._owned = dict(prefixes) if isinstance(prefixes, dict) else {}
         if not prefixes:
             raise ValueError("PixelStoreClient needs at least one store prefix")
         self.run_name = run_name
@@ -126,6 +130,7 @@ class PixelStoreClient:
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_handles"] = {}
+        d["_owned"] = {}  # copies look stores up by name; only the launcher owns them
         return d
 
     def _handle(self, prefix: str) -> Any:
@@ -236,6 +241,7 @@ class PixelStoreClient:
             except Exception as e:  # noqa: BLE001 - already gone
                 log.debug("killing PixelStore %s: %r", p, e)
         self._handles.clear()
+        self._owned.clear()
 
     def close(self) -> None:
         self.kill_all()

@@ -16,6 +16,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from asyncwebrl.rollout.gate import GatedClient, ResumeGate
@@ -132,3 +133,51 @@ class EpisodeGroupWorkflow:
         envs, self._idle = self._idle, []
         for env in envs:
             await self._discard(env)
+
+
+_ADAPTERS: dict[str, Any] = {}
+
+
+def cached_adapter(path: str) -> Any:
+    """One VLMAdapter per model path per process (tokenizer + image processor load once)."""
+    if path not in _ADAPTERS:
+        from asyncwebrl.models.vlm import VLMAdapter
+
+        _ADAPTERS[path] = VLMAdapter(path)
+    return _ADAPTERS[path]
+
+
+@dataclass
+class EpisodeRolloutSpec:
+    """A picklable recipe for rollout workers: the real episode loop over envs made from `env_cfg`.
+
+    Passes as the `RolloutSpec` of hosts.py (it has make_workflow / make_tasks). `client_factory`
+    builds the inference client inside the worker (e.g. `lambda: InferenceClient(addresses)`);
+    `store` is a PixelStore client (picklable for Ray) or None in object_store transport.
+    """
+
+    env_cfg: Any
+    model_path: str
+    client_factory: Callable[[], Any]
+    store: Any
+    sampling: dict[str, Any]
+    n_samples: int
+    task_factory: Callable[[int], Any]
+    """worker index -> task stream"""
+    pixel_transport: str = "store"
+    env_factory: Callable[[Any], Any] | None = None
+    """env_cfg -> Env; default asyncwebrl.web.env_factory.make_env"""
+    episode_timeout_s: float | None = None
+
+    def make_workflow(self, index: int, gate: ResumeGate) -> EpisodeGroupWorkflow:
+        make = self.env_factory
+        if make is None:
+            from asyncwebrl.web.env_factory import make_env as make
+        env_cfg = self.env_cfg
+        return EpisodeGroupWorkflow(lambda: make(env_cfg), self.client_factory(), cached_adapter(self.model_path),
+                                    self.store, self.sampling, env_cfg, self.n_samples,
+                                    pixel_transport=self.pixel_transport, gate=gate,
+                                    episode_timeout_s=self.episode_timeout_s)
+
+    def make_tasks(self, index: int) -> Any:
+        return self.task_factory(index)

@@ -58,6 +58,8 @@ class SyntheticProfile:
     """folder of recorded PNG screenshots to replay instead of drawn ones"""
     reset_latency_ms: float | None = None
     """latency of reset (page load); None = the step latency"""
+    warmup_ms: float = 0.0
+    """extra latency of the first reset of a fresh env (browser/session launch, what sync rounds repay)"""
 
     def validate(self) -> None:
         if self.success_steps < 1 or self.failure_steps < 1:
@@ -174,6 +176,8 @@ class SyntheticWebEnv:
         self._steps = 0
         self.episodes += 1
         reset_s = self.step_latency_s if self.profile.reset_latency_ms is None else self.profile.reset_latency_ms / 1000
+        if self.episodes == 1 and self.profile.warmup_ms > 0:
+            await asyncio.sleep(self.profile.warmup_ms / 1000)
         await self._latency(reset_s)
         return self._observe(0)
 
