@@ -246,6 +246,42 @@ def plot_throughput(d: RunData) -> tuple[Figure, str] | None:
     return (fig, "x axis: training step") if fig else None
 
 
+KNOWN_TRAIN_METRICS = {
+    "step", "time", "kind", "reward_mean", "success_rate", "clip_rate", "clip_rate_coupled", "staleness_hist",
+    "dropped_stale", "trainer_idle_frac", "rollout_idle_frac", "weight_sync_s", "loss", "approx_kl", "entropy",
+    "grad_norm", "behave_weight_mean", "behave_weight_max", "behave_weight_capped_frac", "trajectories_per_s",
+    "tokens_per_s", "step_time_s", "version",
+}
+MAX_PANELS = 12
+
+
+def _numeric_keys(records: list[dict[str, Any]], exclude: set[str]) -> list[str]:
+    keys: list[str] = []
+    for r in records:
+        for k, v in r.items():
+            if k not in exclude and k not in keys and _num(v) is not None:
+                keys.append(k)
+    return keys
+
+
+def plot_other_train(d: RunData) -> tuple[Figure, str] | None:
+    keys = _numeric_keys(d.train, KNOWN_TRAIN_METRICS)
+    fig = _small_multiples(d.train, keys[:MAX_PANELS])
+    if fig is None:
+        return None
+    more = f"; {len(keys) - MAX_PANELS} more not drawn" if len(keys) > MAX_PANELS else ""
+    return fig, "x axis: training step" + more
+
+
+def plot_rollout_pool(d: RunData) -> tuple[Figure, str] | None:
+    keys = _numeric_keys(d.rollout, {"step", "time", "kind"})
+    fig = _small_multiples(d.rollout, keys[:MAX_PANELS])
+    if fig is None:
+        return None
+    more = f"; {len(keys) - MAX_PANELS} more not drawn" if len(keys) > MAX_PANELS else ""
+    return fig, "kind=rollout records; x axis: training step" + more
+
+
 def phase_totals(d: RunData) -> dict[str, float]:
     """Seconds spent in each timeline phase (summed over steps)."""
     out: dict[str, float] = {}
@@ -309,6 +345,8 @@ PLOTS: list[tuple[str, str, Callable[[RunData], tuple[Figure, str] | None]]] = [
     ("timeline", "Timeline: rollout / train / weight sync / eval / checkpoint", plot_timeline),
     ("optimisation", "Optimisation health", plot_optimisation),
     ("throughput", "Throughput and step time", plot_throughput),
+    ("rollout_pool", "Rollout pool statistics", plot_rollout_pool),
+    ("other_train", "Other training metrics", plot_other_train),
 ]
 
 

@@ -93,6 +93,10 @@ def _overview(d: RunData) -> str:
     if d.summary:
         parts.append("<h3>summary.json</h3>" + _table([(k, v) for k, v in d.summary.items()], ("figure", "value"),
                                                        "summary-table"))
+    elif d.summary_metrics:
+        last = {k: v for k, v in d.summary_metrics[-1].items() if k != "kind"}
+        parts.append("<h3>Run summary (metrics.jsonl)</h3>" + _table(list(last.items()), ("figure", "value"),
+                                                                   "summary-table"))
     latest_eval = next((r for r in reversed(d.eval) if isinstance(r.get("per_task"), dict)), None)
     if latest_eval:
         rows = [(t, v.get("success_rate") if isinstance(v, dict) else v) for t, v in sorted(latest_eval["per_task"].items())]

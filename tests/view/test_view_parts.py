@@ -114,13 +114,15 @@ def test_staleness_histograms_are_summed_over_steps(tmp_path):
 
 def test_plots_skip_missing_metrics_and_draw_present_ones(tmp_path):
     rd = RunDir(tmp_path / "run", tensorboard=False)
-    rd.log_metrics("train", 0, {"reward_mean": 0.5, "loss": float("nan"), "entropy": True})
+    rd.log_metrics("train", 0, {"reward_mean": 0.5, "loss": float("nan"), "entropy": True, "new_metric": 2.0})
     rd.close()
     results = {p.key: p for p in render_plots(load_run(tmp_path / "run"), tmp_path / "plots")}
     assert set(results) == {k for k, _, _ in PLOTS}
     assert results["learning_step"].file == "learning_step.png"
     assert (tmp_path / "plots" / "learning_step.png").stat().st_size > 1000
-    for key in ("eval_version", "clip_rates", "staleness", "idle", "weight_sync", "timeline", "optimisation"):
+    assert results["other_train"].file == "other_train.png"  # a metric the viewer does not know is still shown
+    for key in ("eval_version", "clip_rates", "staleness", "idle", "weight_sync", "timeline", "optimisation",
+                "rollout_pool"):
         assert results[key].file is None and results[key].note == "no data yet", key
 
 
@@ -149,6 +151,13 @@ def test_rebuild_drops_evicted_episodes_and_escapes_html(tmp_path):
     payload = html.split('<script id="episode-data" type="application/json">')[1].split("</script>")[0]
     texts = [s["action_text"] for e in json.loads(payload)["episodes"] for s in e["steps"]]
     assert "</script><script>alert(1)</script>" in texts  # the page still shows the exact output
+
+    # A rebuild reuses the annotated copies it already made (reports are rebuilt while a run goes on).
+    shots = sorted((tmp_path / "report" / "episodes").rglob("*.png"))
+    stamps = [p.stat().st_mtime_ns for p in shots]
+    build_report(tmp_path)
+    assert sorted((tmp_path / "report" / "episodes").rglob("*.png")) == shots
+    assert [p.stat().st_mtime_ns for p in shots] == stamps
 
     # The run evicts the episode (reservoir sampling); the next report must not show it any more.
     import shutil

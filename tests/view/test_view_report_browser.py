@@ -54,7 +54,7 @@ def test_episode_browser_steps_filters_and_plots(tmp_path, browser, screenshots)
     run = tmp_path / "run"
     write_run(run, screenshots).close()
     res = build_report(run)
-    assert res.n_episodes == 6 and res.n_plots == 10
+    assert res.n_episodes == 6 and res.n_plots == 12
     page, errors = _open(browser, res.index)
 
     assert len(_rows(page)) == 6
@@ -115,7 +115,7 @@ def test_episode_browser_steps_filters_and_plots(tmp_path, browser, screenshots)
 
     # Every plot image loaded, and each figure the run logged is drawn rather than a placeholder.
     widths = page.locator("#training img, #timeline img").evaluate_all("is => is.map(i => i.naturalWidth)")
-    assert len(widths) == 10 and min(widths) > 0
+    assert len(widths) == 12 and min(widths) > 0
     assert page.locator("#training .placeholder, #timeline .placeholder").count() == 0
     assert "mean decoupled / coupled clip rate" in page.inner_text("#plot-clip_rates")
     assert page.locator("#phase-totals tbody tr").count() == 5  # rollout_wait, train, weight_sync, eval, checkpoint
@@ -139,7 +139,7 @@ def test_empty_run_dir_renders_placeholders(tmp_path, browser):
     page, errors = _open(browser, res.index)
     assert "no data yet" in page.inner_text("#overview")
     assert "no episodes kept yet" in page.inner_text("#episodes")
-    assert page.locator("#training .placeholder").count() == 9
+    assert page.locator("#training .placeholder").count() == 11
     assert page.locator("#timeline .placeholder").count() == 1
     assert page.locator("img").count() == 0
     assert errors == []

@@ -74,8 +74,9 @@ def write_run(root: Path, screenshots: list[bytes], n_steps: int = 12) -> RunDir
             "grad_norm": 1.0, "loss": -0.01 * step, "behave_weight_mean": 1.0, "behave_weight_max": 2.5,
             "behave_weight_capped_frac": 0.0, "staleness_hist": {"0": 4, "1": 3, "2": 1}, "dropped_stale": step,
             "trajectories_per_s": 1.3, "tokens_per_s": 40.0, "trainer_idle_frac": 0.15, "rollout_idle_frac": 0.05,
-            "weight_sync_s": 0.4, "step_time_s": 6.0,
+            "weight_sync_s": 0.4, "step_time_s": 6.0, "pixel_fetch_s": 0.05,
         })
+        rd.log_metrics("rollout", step, {"running": 8, "accepted": 8 * (step + 1), "pixelstore_mb": 12.5 + step})
         if step % 4 == 3:
             rd.log_metrics("eval", step, {"version": step + 1, "success_rate": 0.3 + 0.04 * step, "reward_mean": 0.3,
                                           "n_episodes": 20, "per_task": {"miniwob/click-button": 0.5,
