@@ -241,6 +241,9 @@ def view_main(args: Any) -> int:
     except RunDirError as e:
         print(f"view: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. a read-only run directory
+        print(f"view: cannot write the report into {Path(args.run_dir) / REPORT_DIRNAME}: {e}", file=sys.stderr)
+        return 1
     print(f"report: {res.index} ({res.n_episodes} episodes, {res.n_plots} plots, {res.seconds:.1f} s)")
     if not getattr(args, "serve", False):
         return 0

@@ -13,6 +13,7 @@ from PIL import Image
 from view_fixtures import episodes_spec, write_run
 
 from asyncwebrl.controller.rundir import RunDir
+from asyncwebrl.rollout.trajectory import Trajectory
 from asyncwebrl.view.report import build_report
 
 pytestmark = pytest.mark.browser
@@ -156,6 +157,7 @@ def test_partial_and_damaged_run_still_renders(tmp_path, browser, screenshots):
     eps = episodes_spec()
     for traj in eps[:3]:
         rd.keep_episode(traj, traj.head_version, screenshots[: len(traj.steps)])
+    rd.keep_episode(Trajectory("ep-crashed", "miniwob/click-button", [], reward=0.0, failed=True), -1, [])
     rd.close()
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"kind": "train", "step": 2, "rew')  # torn last line
@@ -166,7 +168,7 @@ def test_partial_and_damaged_run_still_renders(tmp_path, browser, screenshots):
     (run / "episodes" / "ep-multi-2" / "step_2.png").unlink()
 
     res = build_report(run)
-    assert res.n_episodes == 2
+    assert res.n_episodes == 3
     page, errors = _open(browser, res.index)
     problems = page.inner_text("#overview .problems")
     assert "ep-success-1" in problems and "timeline.jsonl: 2 malformed" in problems
@@ -181,5 +183,9 @@ def test_partial_and_damaged_run_still_renders(tmp_path, browser, screenshots):
     assert "missing from the run directory" in page.inner_text("#step-noimg")
     page.click("#next-step")
     _step_image_loaded(page)
+    page.select_option("#filter-outcome", "crashed")  # a browser crash before the first step
+    assert _rows(page) == ["ep-crashed"]
+    assert page.inner_text("#step-counter") == "Step 0 / 0"
+    assert page.is_disabled("#next-step") and page.is_disabled("#prev-step")
     assert errors == []
     page.close()
