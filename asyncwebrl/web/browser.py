@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from asyncwebrl.web.base import EnvCrashed
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.observe import RUNTIME_JS
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,7 @@ class BrowserPool:
                     service_workers="block",
                     java_script_enabled=True,
                 ), timeout=30)
-                await context.add_init_script(_NO_POPUPS_JS)
+                await context.add_init_script(_NO_POPUPS_JS + "\n" + RUNTIME_JS)
                 page = await context.new_page()
             except Exception as e:
                 raise EnvCrashed(f"could not open a browser context: {e}") from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import http.server
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from asyncwebrl.web.actions import execute_action
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
-from asyncwebrl.web.observe import ELEMENTS_FN, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.observe import MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
 
 def miniwob_html_dir() -> Path:
@@ -96,9 +97,10 @@ _START_JS = """([seed, maxMs]) => {
   return WOB_TASK_READY;
 }"""
 
-_STATE_JS = "(maxN) => ({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, " \
-            "reason: WOB_REWARD_REASON, utterance: core.getUtterance(), ready: WOB_TASK_READY, " \
-            "elements: (" + ELEMENTS_FN + ")(maxN)})"
+# One round trip per observation, returned as JSON text (cheaper to cross the protocol than objects).
+_STATE_JS = "(maxN) => JSON.stringify({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, " \
+            "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, utterance: core.getUtterance(), " \
+            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : []})"
 
 
 def task_name(task_id: str) -> str:
@@ -163,7 +165,8 @@ class MiniWoBEnv:
 
     async def _observe(self) -> tuple[Observation, dict[str, Any]]:
         page = self.session.page
-        state = await page.evaluate(_STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0)
+        state = json.loads(await page.evaluate(
+            _STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0))
         png = await take_screenshot(page)
         self._elements = state["elements"]
         if not state["done"]:

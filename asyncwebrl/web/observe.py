@@ -15,8 +15,9 @@ from PIL import Image, ImageDraw
 MAX_ELEMENTS = 40
 """cap on listed elements: the list is prompt text, and prompt length dominates CPU cost"""
 
-# A JS function expression: (maxN) -> [{id, role, name, box:[x,y,w,h]}]. Interactive = form
-# controls, links, ARIA roles, click handlers, or a pointer cursor (MiniWoB styles its links that way).
+# A JS function expression: (maxN) -> [[{id, role, name, box:[x,y,w,h], point?, checked?}], [DOM
+# nodes]]. Interactive = form controls, links, ARIA roles, click handlers, or a pointer cursor
+# (MiniWoB styles its links that way).
 ELEMENTS_FN = r"""
 (maxN) => {
   const W = window.innerWidth, H = window.innerHeight;
@@ -80,9 +81,57 @@ ELEMENTS_FN = r"""
     if (getComputedStyle(e).cursor === 'pointer' &&
         !(e.parentElement && getComputedStyle(e.parentElement).cursor === 'pointer')) consider(e);
   }
-  return out;
+  return [out, kept, nameOf];
 }
 """
+
+# Installed into every document by the browser pool (an init script): `window.__awr.elements(n)`
+# returns the element list, re-extracting only after the DOM changed (MutationObserver), the page
+# scrolled or resized; otherwise it refreshes only what changes without a mutation (form values,
+# checked state). Extraction is the costliest part of a step; most steps do not change the DOM.
+RUNTIME_JS = r"""
+(() => {
+  if (window.__awr) return;
+  const extract = """ + ELEMENTS_FN + r""";
+  let dirty = true, cache = null, refs = [], nameOf = null, cachedN = -1;
+  const NOISE = new Set(['data-tampered', 'data-wob_eps', 'data-wob_ref']);
+  const note = (records) => {
+    for (const r of records) {
+      if (r.type === 'attributes' && NOISE.has(r.attributeName)) continue;
+      const t = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      if (t && t.closest && t.closest('#reward-display')) continue;  // MiniWoB's hidden HUD timer
+      dirty = true; return;
+    }
+  };
+  const mo = new MutationObserver(note);
+  mo.observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+  addEventListener('scroll', () => { dirty = true; }, true);
+  addEventListener('resize', () => { dirty = true; });
+  const api = {
+    elements(maxN) {
+      note(mo.takeRecords());
+      if (dirty || maxN !== cachedN || !cache) {
+        const r = extract(maxN);
+        cache = r[0]; refs = r[1]; nameOf = r[2]; cachedN = maxN; dirty = false; api.extractions++;
+        return cache;
+      }
+      for (let i = 0; i < refs.length; i++) {
+        const e = refs[i], rec = cache[i];
+        if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
+        if (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA' || e.tagName === 'SELECT') rec.name = nameOf(e);
+      }
+      return cache;
+    },
+    invalidate() { dirty = true; },
+    extractions: 0,
+  };
+  Object.defineProperty(window, '__awr', {value: api, writable: false, configurable: false, enumerable: false});
+})();
+"""
+
+ELEMENTS_CALL = "(n) => JSON.stringify(window.__awr ? window.__awr.elements(n) : [])"
+"""evaluate() expression: the current element list as JSON text (one string crosses the Playwright
+protocol far cheaper than nested objects; empty on pages the runtime could not enter)"""
 
 
 def elements_text(elements: list[dict[str, Any]]) -> str:

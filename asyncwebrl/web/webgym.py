@@ -30,7 +30,7 @@ from asyncwebrl.web.actions import execute_action
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
-from asyncwebrl.web.observe import ELEMENTS_FN, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.observe import ELEMENTS_CALL, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
 DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
 EVALUATORS = {
@@ -258,7 +258,7 @@ class WebGymEnv:
         n = MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0
         for attempt in range(4):
             try:
-                self._elements = await page.evaluate("(n) => (" + ELEMENTS_FN + ")(n)", n)
+                self._elements = json.loads(await page.evaluate(ELEMENTS_CALL, n))
                 png = await take_screenshot(page)
                 break
             except Exception as e:

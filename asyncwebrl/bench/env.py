@@ -1,0 +1,207 @@
+"""`asyncwebrl bench env`: environment steps/s (screenshot + action + reward) of our MiniWoB env
+at 1/8/32 concurrent sessions, against a raw Playwright loop doing the same work, in one run and on
+the same browser process; plus peak memory (PSS) per session.
+
+Both sides click a checkbox of click-checkboxes (a click that does not end the episode), read the
+reward globals and take a viewport screenshot each step, and restart the episode every
+`reset_every` steps. Ours additionally extracts the element list (it is what the agent reads) and
+goes through the navigation policy, the invalid-action checks and the StepResult bookkeeping.
+Phases alternate raw/ours/ours/raw per level so drift on a shared machine hits both sides alike.
+
+Headline: overhead = 1 - ours/raw steps/s (mean over levels; target < 10%).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from asyncwebrl.bench.common import print_table, parse_overrides, write_result
+from asyncwebrl.web.base import Task
+from asyncwebrl.web.browser import BrowserPool
+from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.miniwob import _START_JS, MiniWoBEnv, miniwob_server
+from asyncwebrl.web.observe import take_screenshot
+
+DEFAULTS: dict[str, Any] = {
+    "sessions": [1, 8, 32],
+    "duration_s": 5.0,
+    "repeats": 2,
+    "task": "click-checkboxes",
+    "reset_every": 10,
+}
+
+_BOXES_JS = """() => Array.from(document.querySelectorAll('#boxes input')).map(e => {
+  const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })"""
+_REWARD_JS = "() => [WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL, WOB_RAW_REWARD_GLOBAL]"
+
+
+class PssSampler:
+    """Peak PSS of the browser's process tree, sampled on a thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.25):
+        self.pid, self.every_s = pid, every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        total = 0
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        for p in procs:
+            try:
+                total += p.memory_full_info().pss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> "PssSampler":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join(5)
+
+
+class LateStart(RuntimeError):
+    """A session was still warming up when the measured window began."""
+
+
+async def _until(t: float) -> None:
+    if time.monotonic() > t:
+        raise LateStart("a session was not ready before the clock started; the warm-up allowance is too short")
+    await asyncio.sleep(t - time.monotonic())
+
+
+async def _raw_session(browser, url: str, cfg: EnvConfig, start: float, deadline: float, reset_every: int,
+                       seed: int) -> int:
+    ctx = await browser.new_context(viewport={"width": cfg.viewport_width, "height": cfg.viewport_height})
+    page = await ctx.new_page()
+    steps = 0
+    try:
+        await page.goto(url, wait_until="load")
+        await _until(start)
+        ep = 0
+        while time.monotonic() < deadline:
+            await page.evaluate(_START_JS, [seed * 1000 + ep, int(cfg.episode_time_limit_s * 1000)])
+            boxes = await page.evaluate(_BOXES_JS)
+            await take_screenshot(page)
+            ep += 1
+            for i in range(reset_every):
+                if time.monotonic() >= deadline:
+                    break
+                x, y = boxes[i % len(boxes)]
+                await page.mouse.click(x, y)
+                await page.evaluate(_REWARD_JS)
+                await take_screenshot(page)
+                steps += 1
+    finally:
+        await ctx.close()
+    return steps
+
+
+async def _our_session(pool: BrowserPool, task: str, cfg: EnvConfig, start: float, deadline: float,
+                       reset_every: int, seed: int) -> int:
+    env = MiniWoBEnv(cfg, pool=pool)
+    steps = 0
+    try:
+        await env.reset(Task(f"miniwob/{task}", seed=seed * 1000 - 1))  # context + page load: warm-up
+        await _until(start)
+        ep = 0
+        while time.monotonic() < deadline:
+            obs = await env.reset(Task(f"miniwob/{task}", seed=seed * 1000 + ep))
+            boxes = [e["id"] for e in obs.elements if e["role"] == "checkbox"]
+            ep += 1
+            for i in range(reset_every):
+                if time.monotonic() >= deadline:
+                    break
+                _, res = await env.step({"type": "click", "element": boxes[i % len(boxes)]})
+                if res.invalid:
+                    raise RuntimeError(f"benchmark action was invalid: {res.info}")
+                steps += 1
+    finally:
+        await env.close()
+    return steps
+
+
+async def _phase(kind: str, n: int, pool: BrowserPool, knobs: dict[str, Any], cfg: EnvConfig) -> tuple[float, int]:
+    url = f"{miniwob_server().origin}/miniwob/{knobs['task']}.html"
+    pid = pool.browser_pid()
+    # sessions start, then the clock starts: warm-up (context creation, first load) is not stepped time
+    start = time.monotonic() + 2.0 + 0.15 * n
+    deadline = start + float(knobs["duration_s"])
+    with PssSampler(pid) as pss:
+        if kind == "raw":
+            coros = [_raw_session(pool._browser, url, cfg, start, deadline, knobs["reset_every"], s) for s in range(n)]
+        else:
+            coros = [_our_session(pool, knobs["task"], cfg, start, deadline, knobs["reset_every"], s) for s in range(n)]
+        counts = sum(await asyncio.gather(*coros))
+    return counts / float(knobs["duration_s"]), pss.peak
+
+
+async def _run(knobs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    cfg = EnvConfig(recycle_context_every=10**9)
+    pool = BrowserPool(cfg)
+    rows: list[dict[str, Any]] = []
+    figures: dict[str, Any] = {"levels": {}}
+    try:
+        warm = MiniWoBEnv(cfg, pool=pool)  # launches the browser and the page server
+        await warm.reset(Task(f"miniwob/{knobs['task']}", seed=0))
+        await warm.close()
+        await asyncio.sleep(0.5)
+        baseline = PssSampler(pool.browser_pid()).sample()
+        figures["browser_pss_mb_idle"] = round(baseline / 2**20, 1)
+        overheads = []
+        for n in knobs["sessions"]:
+            got: dict[str, list[tuple[float, int]]] = {"raw": [], "ours": []}
+            order = (["raw", "ours", "ours", "raw"] * knobs["repeats"])[: 2 * knobs["repeats"]]
+            for kind in order:
+                got[kind].append(await _phase(kind, n, pool, knobs, cfg))
+            raw = sum(r for r, _ in got["raw"]) / len(got["raw"])
+            ours = sum(r for r, _ in got["ours"]) / len(got["ours"])
+            pss = max(p for _, p in got["ours"])
+            per_session = (pss - baseline) / n / 2**20
+            overhead = 1.0 - ours / raw if raw > 0 else float("nan")
+            overheads.append(overhead)
+            rows.append({"sessions": n, "raw_steps_s": round(raw, 1), "ours_steps_s": round(ours, 1),
+                         "overhead": round(overhead, 3), "pss_mb_per_session": round(per_session, 1),
+                         "pss_mb_peak": round(pss / 2**20, 1)})
+            figures["levels"][str(n)] = rows[-1]
+        figures["overhead"] = round(sum(overheads) / len(overheads), 4)
+        figures["overhead_max"] = round(max(overheads), 4)
+        figures["pss_mb_per_session"] = rows[-1]["pss_mb_per_session"]
+        figures["steps_s_ours_max"] = max(r["ours_steps_s"] for r in rows)
+    finally:
+        await pool.close()
+    return rows, figures
+
+
+def main(overrides: list[str]) -> int:
+    knobs = parse_overrides(overrides, DEFAULTS)
+    if isinstance(knobs["sessions"], int):
+        knobs["sessions"] = [knobs["sessions"]]
+    if not knobs["sessions"] or any(int(n) < 1 for n in knobs["sessions"]):
+        raise SystemExit("sessions must be a list of positive integers, e.g. sessions=[1,8,32]")
+    if float(knobs["duration_s"]) <= 0 or int(knobs["repeats"]) < 1 or int(knobs["reset_every"]) < 1:
+        raise SystemExit("duration_s must be > 0, repeats and reset_every >= 1")
+    rows, figures = asyncio.run(_run(knobs))
+    path = write_result("env", knobs, figures)
+    top = rows[-1]
+    print_table(rows, f"env overhead {figures['overhead']:.1%} (mean over {len(rows)} levels; at {top['sessions']} "
+                      f"sessions ours {top['ours_steps_s']} vs raw {top['raw_steps_s']} steps/s); "
+                      f"{figures['pss_mb_per_session']} MB PSS per session -> {path}")
+    return 0
