@@ -77,32 +77,38 @@ class PssSampler:
         self._t.join(5)
 
 
-class LateStart(RuntimeError):
-    """A session was still warming up when the measured window began."""
+class StartLine:
+    """All sessions finish warming up (context, page load), then the measured window opens at once."""
+
+    def __init__(self, n: int, duration_s: float):
+        self.n, self.duration_s = n, duration_s
+        self.ready = 0
+        self.go = asyncio.Event()
+        self.deadline = float("inf")
+
+    async def wait(self) -> None:
+        self.ready += 1
+        if self.ready == self.n:
+            self.deadline = time.monotonic() + self.duration_s
+            self.go.set()
+        await asyncio.wait_for(self.go.wait(), timeout=300)
 
 
-async def _until(t: float) -> None:
-    if time.monotonic() > t:
-        raise LateStart("a session was not ready before the clock started; the warm-up allowance is too short")
-    await asyncio.sleep(t - time.monotonic())
-
-
-async def _raw_session(browser, url: str, cfg: EnvConfig, start: float, deadline: float, reset_every: int,
-                       seed: int) -> int:
+async def _raw_session(browser, url: str, cfg: EnvConfig, line: StartLine, reset_every: int, seed: int) -> int:
     ctx = await browser.new_context(viewport={"width": cfg.viewport_width, "height": cfg.viewport_height})
     page = await ctx.new_page()
     steps = 0
     try:
         await page.goto(url, wait_until="load")
-        await _until(start)
+        await line.wait()
         ep = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < line.deadline:
             await page.evaluate(_START_JS, [seed * 1000 + ep, int(cfg.episode_time_limit_s * 1000)])
             boxes = await page.evaluate(_BOXES_JS)
             await take_screenshot(page)
             ep += 1
             for i in range(reset_every):
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= line.deadline:
                     break
                 x, y = boxes[i % len(boxes)]
                 await page.mouse.click(x, y)
@@ -114,20 +120,20 @@ async def _raw_session(browser, url: str, cfg: EnvConfig, start: float, deadline
     return steps
 
 
-async def _our_session(pool: BrowserPool, task: str, cfg: EnvConfig, start: float, deadline: float,
-                       reset_every: int, seed: int) -> int:
+async def _our_session(pool: BrowserPool, task: str, cfg: EnvConfig, line: StartLine, reset_every: int,
+                       seed: int) -> int:
     env = MiniWoBEnv(cfg, pool=pool)
     steps = 0
     try:
         await env.reset(Task(f"miniwob/{task}", seed=seed * 1000 - 1))  # context + page load: warm-up
-        await _until(start)
+        await line.wait()
         ep = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < line.deadline:
             obs = await env.reset(Task(f"miniwob/{task}", seed=seed * 1000 + ep))
             boxes = [e["id"] for e in obs.elements if e["role"] == "checkbox"]
             ep += 1
             for i in range(reset_every):
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= line.deadline:
                     break
                 _, res = await env.step({"type": "click", "element": boxes[i % len(boxes)]})
                 if res.invalid:
@@ -141,14 +147,13 @@ async def _our_session(pool: BrowserPool, task: str, cfg: EnvConfig, start: floa
 async def _phase(kind: str, n: int, pool: BrowserPool, knobs: dict[str, Any], cfg: EnvConfig) -> tuple[float, int]:
     url = f"{miniwob_server().origin}/miniwob/{knobs['task']}.html"
     pid = pool.browser_pid()
-    # sessions start, then the clock starts: warm-up (context creation, first load) is not stepped time
-    start = time.monotonic() + 2.0 + 0.15 * n
-    deadline = start + float(knobs["duration_s"])
+    # warm-up (context creation, first page load) is not stepped time: the clock starts when all are ready
+    line = StartLine(n, float(knobs["duration_s"]))
     with PssSampler(pid) as pss:
         if kind == "raw":
-            coros = [_raw_session(pool._browser, url, cfg, start, deadline, knobs["reset_every"], s) for s in range(n)]
+            coros = [_raw_session(pool._browser, url, cfg, line, knobs["reset_every"], s) for s in range(n)]
         else:
-            coros = [_our_session(pool, knobs["task"], cfg, start, deadline, knobs["reset_every"], s) for s in range(n)]
+            coros = [_our_session(pool, knobs["task"], cfg, line, knobs["reset_every"], s) for s in range(n)]
         counts = sum(await asyncio.gather(*coros))
     return counts / float(knobs["duration_s"]), pss.peak
 
