@@ -82,6 +82,9 @@ class RolloutController:
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.dropped_stale = 0
+        self.lost_rollouts = 0
+        """rollouts of workers that died (in flight or finished but not delivered)"""
+        self._received_by: dict[int, int] = {}
         self.consumed_groups = 0
         self.consumed_trajectories = 0
         self.received_groups = 0
@@ -134,20 +137,49 @@ class RolloutController:
                 failures += 1
                 log.warning("rollout worker %d: fetch failed (%d): %r", index, failures, e)
                 if failures >= 3:
-                    with self._lock:
-                        self._dead_hosts.add(index)
-                    log.error("rollout worker %d considered dead", index)
+                    self._mark_dead(index, e)
                     return
                 time.sleep(min(2.0, 0.2 * failures))
                 continue
             for g in groups:
                 with self._lock:
                     self.received_groups += 1
+                    self._received_by[index] = self._received_by.get(index, 0) + 1
                 self._pending.put(g)
+
+    def _mark_dead(self, index: int, why: BaseException) -> None:
+        """Worker `index` is gone: stop using it and give its lost rollouts' budget back."""
+        with self._lock:
+            if index in self._dead_hosts:
+                return
+            self._dead_hosts.add(index)
+            delivered = self._received_by.get(index, 0)
+        lost = 0
+        try:
+            lost = self.staleness.release_owner(index, delivered)
+        except Exception as e:  # noqa: BLE001
+            log.warning("releasing dead worker %d's admissions failed: %r", index, e)
+        with self._lock:
+            self.lost_rollouts += lost
+        log.error("rollout worker %d considered dead (%r); %d of its rollouts lost", index, why, lost)
+
+    def _each_host(self, method: str, *args: Any) -> None:
+        """Call `method` on every live host; a host that fails the call is marked dead (never hangs)."""
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
+            try:
+                getattr(h, method)(*args)
+            except Exception as e:  # noqa: BLE001
+                self._mark_dead(i, e)
+        if len(self._dead_hosts) == len(self.hosts):
+            raise RolloutUnavailable(f"every rollout worker is dead (last call: {method})")
 
     def shutdown(self) -> None:
         self._stop.set()
-        for h in self.hosts:
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
             try:
                 h.shutdown()
             except Exception as e:  # noqa: BLE001
@@ -227,8 +259,7 @@ class RolloutController:
                 log.warning("on_drop_group failed for %s: %r", g.group_id, e)
 
     def pause(self) -> None:
-        for h in self.hosts:
-            h.pause()
+        self._each_host("pause")
         if self.on_pause is not None:
             self.on_pause()
         self._paused_since = time.monotonic()
@@ -236,17 +267,15 @@ class RolloutController:
     def resume(self) -> None:
         if self.on_resume is not None:
             self.on_resume()
-        for h in self.hosts:
-            h.resume()
+        self._each_host("resume")
         if self._paused_since is not None:
             self.paused_s += time.monotonic() - self._paused_since
             self._paused_since = None
 
     def set_version(self, version: int) -> None:
         self.staleness.set_version(version)
-        for h in self.hosts:
-            h.set_version(version)
         self._version = version
+        self._each_host("set_version", version)
 
     def reseed(self, version: int) -> None:
         """Resume from a checkpoint at `version` (call before start)."""
@@ -300,6 +329,7 @@ class RolloutController:
                 "failed_rollouts": sum(w["failed"] for w in workers),
                 "failed_trajectories": sum(w["failed_trajectories"] for w in workers),
                 "dead_workers": len(self._dead_hosts),
+                "lost_rollouts": self.lost_rollouts,
                 "admission": self.staleness.as_dict(),
                 "workers": workers,
             }

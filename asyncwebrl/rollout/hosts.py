@@ -58,6 +58,9 @@ class LocalExecutorHost:
     """The executor on a background thread of this process."""
 
     def __init__(self, spec: RolloutSpec, index: int, slots: int, admission: Any):
+        """`admission`: a StalenessManager (shared by all local hosts) or a worker-side adapter."""
+        if isinstance(admission, StalenessManager):
+            admission = OwnedAdmission(admission, index)
         gate = ResumeGate()
         self.executor = WorkflowExecutor(spec.make_workflow(index, gate), spec.make_tasks(index), admission,
                                          slots, gate=gate, name=f"rollout-worker{index}")
@@ -93,14 +96,17 @@ class StalenessActor:
     def __init__(self, batch_size: int, concurrency: int, eta: int):
         self.m = StalenessManager(batch_size, concurrency, eta)
 
-    def try_submit(self) -> bool:
-        return self.m.try_submit()
+    def try_submit(self, owner: int = 0) -> bool:
+        return self.m.try_submit(owner)
 
-    def on_accept(self) -> None:
-        self.m.on_accept()
+    def on_accept(self, owner: int = 0) -> None:
+        self.m.on_accept(owner)
 
-    def on_reject(self) -> None:
-        self.m.on_reject()
+    def on_reject(self, owner: int = 0) -> None:
+        self.m.on_reject(owner)
+
+    def release_owner(self, owner: int, delivered: int) -> int:
+        return self.m.release_owner(owner, delivered)
 
     def on_drop(self) -> None:
         self.m.on_drop()
@@ -136,31 +142,50 @@ class RemoteStaleness:
     def reseed(self, v: int) -> None:
         self._get(self.handle.reseed.remote(v))
 
+    def release_owner(self, owner: int, delivered: int) -> int:
+        return self._get(self.handle.release_owner.remote(owner, delivered))
+
     def as_dict(self) -> dict:
         return self._get(self.handle.snapshot.remote())
+
+
+class OwnedAdmission:
+    """Admission on behalf of worker `owner` (so a dead worker's share can be released)."""
+
+    def __init__(self, manager: Any, owner: int):
+        self.m, self.owner = manager, owner
+
+    def try_submit(self) -> Any:
+        return self.m.try_submit(self.owner)
+
+    def on_accept(self) -> Any:
+        return self.m.on_accept(self.owner)
+
+    def on_reject(self) -> Any:
+        return self.m.on_reject(self.owner)
 
 
 class ActorAdmission:
     """Worker-side admission through the StalenessActor; returns ObjectRefs the executor awaits."""
 
-    def __init__(self, handle: Any):
-        self.handle = handle
+    def __init__(self, handle: Any, owner: int):
+        self.handle, self.owner = handle, owner
 
     def try_submit(self) -> Any:
-        return self.handle.try_submit.remote()
+        return self.handle.try_submit.remote(self.owner)
 
     def on_accept(self) -> Any:
-        return self.handle.on_accept.remote()
+        return self.handle.on_accept.remote(self.owner)
 
     def on_reject(self) -> Any:
-        return self.handle.on_reject.remote()
+        return self.handle.on_reject.remote(self.owner)
 
 
 class RolloutWorkerActor:
     """Ray actor body hosting one executor (threaded actor: fetch long-polls while control calls run)."""
 
     def __init__(self, spec: RolloutSpec, index: int, slots: int, staleness_handle: Any):
-        self.host = LocalExecutorHost(spec, index, slots, ActorAdmission(staleness_handle))
+        self.host = LocalExecutorHost(spec, index, slots, ActorAdmission(staleness_handle, index))
 
     def start(self) -> None:
         self.host.start()

@@ -51,6 +51,8 @@ class StalenessManager:
         self.running = 0
         self.accepted = 0
         self.rejected = 0
+        self._running_by: dict[int, int] = {}
+        self._accepted_by: dict[int, int] = {}
 
     # -- the admission rule -------------------------------------------------------------------
     def capacity(self, version: int | None = None) -> int:
@@ -62,33 +64,54 @@ class StalenessManager:
         staleness_cap = (self.eta + version + 1) * max(1, self.batch_size) - (self.accepted + self.running)
         return min(concurrency_cap, staleness_cap)
 
-    def try_submit(self) -> bool:
-        """Admit one rollout at the current version if capacity allows (check + count atomically)."""
+    def try_submit(self, owner: int = 0) -> bool:
+        """Admit one rollout at the current version if capacity allows (check + count atomically).
+
+        `owner` is the rollout worker that will run it, so a dead worker's share can be released.
+        """
         with self._lock:
             if self._capacity(self._version) <= 0:
                 return False
             self.enqueued += 1
             self.running += 1
+            self._running_by[owner] = self._running_by.get(owner, 0) + 1
             return True
 
     # -- transitions --------------------------------------------------------------------------
-    def on_submit(self) -> None:
+    def on_submit(self, owner: int = 0) -> None:
         """Count an admission decided elsewhere (the caller checked capacity itself)."""
         with self._lock:
             self.enqueued += 1
             self.running += 1
+            self._running_by[owner] = self._running_by.get(owner, 0) + 1
 
-    def on_accept(self) -> None:
+    def on_accept(self, owner: int = 0) -> None:
         with self._lock:
-            self._require_running("on_accept")
-            self.running -= 1
+            self._finish(owner, "on_accept")
             self.accepted += 1
+            self._accepted_by[owner] = self._accepted_by.get(owner, 0) + 1
 
-    def on_reject(self) -> None:
+    def on_reject(self, owner: int = 0) -> None:
         with self._lock:
-            self._require_running("on_reject")
-            self.running -= 1
+            self._finish(owner, "on_reject")
             self.rejected += 1
+
+    def _finish(self, owner: int, what: str) -> None:
+        if self.running <= 0 or self._running_by.get(owner, 0) <= 0:
+            raise RuntimeError(f"StalenessManager.{what} without a running rollout of worker {owner} (double completion?)")
+        self.running -= 1
+        self._running_by[owner] -= 1
+
+    def release_owner(self, owner: int, delivered: int) -> int:
+        """Worker `owner` died: its running rollouts and its accepted-but-undelivered ones (accepted
+        minus the `delivered` count the controller received) become rejected. Returns how many."""
+        with self._lock:
+            lost_running = self._running_by.pop(owner, 0)
+            lost_accepted = max(0, self._accepted_by.pop(owner, 0) - delivered)
+            self.running -= lost_running
+            self.accepted -= lost_accepted
+            self.rejected += lost_running + lost_accepted
+            return lost_running + lost_accepted
 
     def on_drop(self) -> None:
         """An accepted rollout was dropped at collection (too stale): give its budget back."""
@@ -97,10 +120,6 @@ class StalenessManager:
                 raise RuntimeError("StalenessManager.on_drop without an accepted rollout")
             self.accepted -= 1
             self.rejected += 1
-
-    def _require_running(self, what: str) -> None:
-        if self.running <= 0:
-            raise RuntimeError(f"StalenessManager.{what} without a running rollout (double completion?)")
 
     # -- versions -----------------------------------------------------------------------------
     @property
@@ -121,6 +140,8 @@ class StalenessManager:
             self._version = version
             self.accepted = version * self.batch_size
             self.running = 0
+            self._running_by.clear()
+            self._accepted_by.clear()
 
     def snapshot(self) -> StalenessCounters:
         with self._lock:
