@@ -14,6 +14,7 @@ Headline: overhead = 1 - ours/raw steps/s (mean over levels; target < 10%).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any
@@ -203,7 +204,11 @@ def main(overrides: list[str]) -> int:
         raise SystemExit("sessions must be a list of positive integers, e.g. sessions=[1,8,32]")
     if float(knobs["duration_s"]) <= 0 or int(knobs["repeats"]) < 1 or int(knobs["reset_every"]) < 1:
         raise SystemExit("duration_s must be > 0, repeats and reset_every >= 1")
+    load_before = os.getloadavg()[0]
     rows, figures = asyncio.run(_run(knobs))
+    # the machine may be shared: the load says how much the ratios can be trusted
+    figures["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    figures["cores"] = os.cpu_count()
     path = write_result("env", knobs, figures)
     top = rows[-1]
     print_table(rows, f"env overhead {figures['overhead']:.1%} (mean over {len(rows)} levels; at {top['sessions']} "
