@@ -83,24 +83,15 @@ class Controller:
         self.ckpt_root = run.root / "checkpoints"
 
     # ---- resume -------------------------------------------------------------------------------
-    def maybe_resume(self) -> None:
-        if self.cfg.recover != "auto":
-            return
-        from asyncwebrl.training.checkpoint import latest_complete_checkpoint
-
-        ckpt = latest_complete_checkpoint(self.ckpt_root)
+    def maybe_resume(self, ckpt: Path | None) -> None:
+        """Load the trainer from `ckpt` (found before the system was built, see `find_resume`) and make
+        the servers serve its weights before any rollout is tagged with its version."""
         if ckpt is None:
-            log.info("recover=auto: no complete checkpoint under %s, starting fresh", self.ckpt_root)
             return
         meta = self.sys.trainer.load_checkpoint(str(ckpt))
-        extra = meta.get("extra_state", {}) or {}
         self.state.version = int(meta["version"])
         self.state.step = int(meta["step"])
-        if "task_sampler" in extra:
-            self.sys.rollout.load_task_sampler_state(extra["task_sampler"])
-        # Servers must serve the checkpoint's weights before any new rollout is tagged with v.
         self._push_weights(self.state.version)
-        self.sys.rollout.reseed(self.state.version)
         self.run.log_metrics("resume", self.state.step, {"version": self.state.version, "checkpoint": ckpt.name})
         log.info("resumed from %s at step %d, version %d", ckpt.name, self.state.step, self.state.version)
 
@@ -114,14 +105,34 @@ class Controller:
                 info = self.sys.trainer.broadcast_weights(new_version)
             else:
                 path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), self.cfg.checkpoint.keep_last)
-                info = rollout.update_weights_from_disk(path, new_version)
+                info = self._load_from_disk(path, new_version)
             rollout.set_version(new_version)
         finally:
             rollout.resume()
         return info or {}
 
+    def _load_from_disk(self, path: str, version: int) -> dict[str, Any]:
+        import asyncio
+
+        from asyncwebrl.inference.client import InferenceClient
+
+        client = InferenceClient(self.sys.server_addresses, api_key=self.cfg.inference.api_key,
+                                 timeout_s=self.cfg.actor.weight_update_timeout_s)
+
+        async def go():
+            try:
+                return await client.aupdate_weights_from_disk(path, version)
+            finally:
+                await client.aclose()
+
+        answers = asyncio.run(go())
+        failed = {a: r.get("message") for a, r in answers.items() if not r.get("success", False)}
+        if failed:
+            raise RuntimeError(f"update_weights_from_disk failed on {failed}")
+        return {}
+
     def _extra_state(self) -> dict[str, Any]:
-        return {"task_sampler": self.sys.rollout.task_sampler_state(), "staleness_version": self.state.version}
+        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version}
 
     def _keep_episodes(self, groups) -> None:
         store = self.sys.pixel_store
@@ -207,9 +218,10 @@ class Controller:
         run.log_metrics("train", st.step, out)
         return out
 
-    def train(self) -> dict[str, Any]:
+    def train(self, resume_from: Path | None = None) -> dict[str, Any]:
         cfg = self.cfg
-        self.maybe_resume()
+        self.maybe_resume(resume_from)
+        self.sys.start_rollout()
         bar = None
         if cfg.stats.progress_bar:
             from tqdm import tqdm
@@ -259,12 +271,13 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=cfg.stats.tensorboard, seed=cfg.seed)
     save_resolved(cfg, run.root)
+    resume_from, resume_version = find_resume(cfg, run.root)
     t0 = time.monotonic()
-    system = build_system(cfg, run)
+    system = build_system(cfg, run, resume_version=resume_version)
     setup_s = time.monotonic() - t0
     try:
         ctl = Controller(cfg, system, run)
-        summary = ctl.train()
+        summary = ctl.train(resume_from)
         summary["setup_s"] = setup_s
         if system.test_rollout is not None:
             system.test_rollout.evaluate_latest_blocking(timeout_s=600)
@@ -276,6 +289,20 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
         run.close()
     _print_summary(cfg, run.root, summary)
     return summary
+
+
+def find_resume(cfg: RunConfig, root: Path) -> tuple[Path | None, int]:
+    """With recover=auto: the newest complete checkpoint of this trial and its version."""
+    if cfg.recover != "auto":
+        return None, 0
+    from asyncwebrl.training.checkpoint import latest_complete_checkpoint
+
+    ckpt = latest_complete_checkpoint(root / "checkpoints")
+    if ckpt is None:
+        log.info("recover=auto: no complete checkpoint under %s, starting fresh", root / "checkpoints")
+        return None, 0
+    meta = json.loads((ckpt / "trainer_state.json").read_text())
+    return ckpt, int(meta["version"])
 
 
 def _eval_records(root: Path) -> list[dict[str, Any]]:

@@ -94,8 +94,7 @@ def eval_main(cfg, checkpoint: str | None) -> int:
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.base import InProcessPixelStore
     from asyncwebrl.scheduling.servers import launch_server
-    from asyncwebrl.web.tasks import resolve_task_names
-    from asyncwebrl.web.env_factory import make_env
+    from asyncwebrl.web.tasks import make_env, resolve_task_names
 
     model = checkpoint or resolve_model_path(cfg.actor.path)
     server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
