@@ -97,7 +97,12 @@ class HFEngine:
         max_context_len: int = 4096,
         seed: int = 0,
         weight_version: str = "0",
+        cpu_threads: int | None = None,
     ):
+        if cpu_threads:
+            # process-wide: torch's intra-op pool. On a CPU shared with other processes, more threads
+            # than free cores make every step wait on descheduled threads (measured 30x slower)
+            torch.set_num_threads(cpu_threads)
         self.adapter = VLMAdapter(model_path)
         self.model_path = self.adapter.path
         self.device = torch.device(device)

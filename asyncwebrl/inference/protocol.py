@@ -326,6 +326,9 @@ def _check(tp: Any, value: Any, path: str) -> Any:
                 return _check(alt, value, path)
             except ProtocolError as e:
                 errors.append(str(e))
+        deeper = [e for e in errors if not e.startswith(f"'{path}' ")]
+        if deeper:  # the value had the right shape; an element inside it is wrong
+            raise ProtocolError(deeper[0])
         raise ProtocolError(f"'{path}' has the wrong type ({_json_type(value)}); expected {_type_name(tp)}")
     if tp is type(None):
         if value is not None:

@@ -323,6 +323,7 @@ def serve_main(args: argparse.Namespace) -> int:
         max_context_len=getattr(args, "max_context_len", 4096),
         seed=getattr(args, "seed", 0),
         weight_version=str(getattr(args, "weight_version", "0")),
+        cpu_threads=default_cpu_threads(getattr(args, "device", "cpu")),
     )
     engine.start()
     server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
@@ -331,6 +332,16 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
+
+
+def default_cpu_threads(device: str) -> int | None:
+    """Torch threads of a CPU server: $ASYNCWEBRL_CPU_THREADS, else torch's own choice when
+    $OMP_NUM_THREADS is set, else 1 (servers share the cores with browsers and the trainer)."""
+    if not device.startswith("cpu"):
+        return None
+    if os.environ.get("ASYNCWEBRL_CPU_THREADS"):
+        return int(os.environ["ASYNCWEBRL_CPU_THREADS"])
+    return None if os.environ.get("OMP_NUM_THREADS") else 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(kw_only=True)
@@ -66,8 +67,13 @@ class SGLangLaunch:
             raise ValueError("sglang launch: context_length must be >= 1")
 
 
-def sglang_command(launch: SGLangLaunch) -> list[str]:
-    """argv of `python -m sglang.launch_server` for one tp=1 server."""
+def sglang_command(launch: SGLangLaunch | None = None, /, **fields: Any) -> list[str]:
+    """argv of `python -m sglang.launch_server` for one tp=1 server; pass an SGLangLaunch or its
+    fields as keywords (`sglang_command(model_path=..., port=..., api_key=None)`)."""
+    if launch is None:
+        launch = SGLangLaunch(**fields)
+    elif fields:
+        raise TypeError("give an SGLangLaunch or keyword fields, not both")
     launch.validate()
     cmd = [
         launch.python, "-m", "sglang.launch_server",
