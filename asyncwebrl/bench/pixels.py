@@ -165,7 +165,8 @@ class EpisodeWorker:
             rng = random.Random(seed * 100_003 + i)
             samples = []
             for _ in range(steps):
-                png = shots[rng.randrange(len(shots))]
+                # a distinct object per step, as every real screenshot is (pickle would share repeats)
+                png = bytes(bytearray(shots[rng.randrange(len(shots))]))
                 if mode == "store":
                     t0 = time.perf_counter()
                     key = self.store.put(png)

@@ -123,7 +123,9 @@ class SyntheticWebEnv:
         rng = random.Random(_seed_of("shape", task.task_id, task.seed))
         p = self.profile
         need = 1 + round(rng.expovariate(1.0 / max(p.success_steps - 1, 1e-9))) if p.success_steps > 1 else 1
-        horizon = max(need, round(rng.gauss(p.failure_steps, p.failure_steps * 0.2)))
+        # the base horizon is set so that the mean INCLUDING the long tail is failure_steps
+        base = p.failure_steps / (1 + p.long_tail_prob * (p.long_tail_factor - 1))
+        horizon = max(need, round(rng.gauss(base, base * 0.2)))
         if rng.random() < p.long_tail_prob:
             horizon = round(horizon * p.long_tail_factor)
         if task.max_steps and task.max_steps > 0:
