@@ -191,12 +191,14 @@ class BrowserPool:
         self.sessions_created = 0
         self.sessions_recycled = 0
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """the loop the browser was launched from (Playwright objects are bound to it)"""
 
     @classmethod
     def shared(cls, env_cfg: EnvConfig | None = None) -> "BrowserPool":
         loop = asyncio.get_running_loop()
         pool = cls._shared.get(id(loop))
-        if pool is None or pool._closed:
+        if pool is None or pool._closed or (pool._loop is not None and pool._loop is not loop):
             pool = cls._shared[id(loop)] = cls(env_cfg)
         return pool
 
@@ -216,6 +218,7 @@ class BrowserPool:
         if self._pw is None:
             from playwright.async_api import async_playwright
 
+            self._loop = asyncio.get_running_loop()
             self._pw = await async_playwright().start()
         if self._browser is not None:
             log.warning("browser died; relaunching (launch %d)", self.launches + 1)

@@ -22,7 +22,8 @@ class LoopRunner:
         from asyncwebrl.web.browser import BrowserPool
 
         async def shutdown():
-            for pool in list(BrowserPool._shared.values()):
+            pool = BrowserPool._shared.get(id(self.loop))
+            if pool is not None:
                 await pool.close()
 
         try:
