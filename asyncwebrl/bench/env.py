@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from asyncwebrl.bench.common import print_table, parse_overrides, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table, write_result
 from asyncwebrl.web.base import Task
 from asyncwebrl.web.browser import BrowserPool
 from asyncwebrl.web.config import EnvConfig
@@ -73,7 +73,7 @@ class PssSampler:
             self.peak = max(self.peak, self.sample())
             self._stop.wait(self.every_s)
 
-    def __enter__(self) -> "PssSampler":
+    def __enter__(self) -> PssSampler:
         self._t.start()
         return self
 

@@ -19,7 +19,8 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from asyncwebrl.models.vlm import decode_image, encode_image_b64
 from asyncwebrl.rollout.trajectory import StepSample, Trajectory, new_id

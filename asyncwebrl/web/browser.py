@@ -100,7 +100,7 @@ class NavigationPolicy:
 class BrowserSession:
     """One isolated context with one page, on loan to one environment."""
 
-    def __init__(self, pool: "BrowserPool", context, page, generation: int):
+    def __init__(self, pool: BrowserPool, context, page, generation: int):
         self.pool = pool
         self.context = context
         self.page = page
@@ -179,7 +179,7 @@ class BrowserPool:
     `BrowserPool.shared(env_cfg)` to get the pool of the running loop.
     """
 
-    _shared: dict[int, "BrowserPool"] = {}
+    _shared: dict[int, BrowserPool] = {}
 
     def __init__(self, env_cfg: EnvConfig | None = None):
         self.cfg = env_cfg or EnvConfig()
@@ -195,7 +195,7 @@ class BrowserPool:
         """the loop the browser was launched from (Playwright objects are bound to it)"""
 
     @classmethod
-    def shared(cls, env_cfg: EnvConfig | None = None) -> "BrowserPool":
+    def shared(cls, env_cfg: EnvConfig | None = None) -> BrowserPool:
         loop = asyncio.get_running_loop()
         pool = cls._shared.get(id(loop))
         if pool is None or pool._closed or (pool._loop is not None and pool._loop is not loop):

@@ -9,7 +9,8 @@ is a string the policy could have emitted and `parse_action` accepts.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import Env, Observation, Task

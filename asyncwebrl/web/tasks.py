@@ -10,8 +10,8 @@ import random
 from typing import Any
 
 from asyncwebrl.web.base import Task
-from asyncwebrl.web.env_factory import make_env  # noqa: F401  (re-exported: tasks + envs in one import)
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.env_factory import make_env  # noqa: F401  (re-exported: tasks + envs in one import)
 
 MINIWOB_EASY = [
     "click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-dialog-2",

@@ -34,7 +34,7 @@ def test_killed_browser_raises_envcrashed_then_relaunches(runner):
             with pytest.raises(EnvCrashed):
                 for _ in range(50):  # the disconnect is noticed on the next browser call
                     await env.step({"type": "click", "element": 1})
-            obs = await env.reset(Task("miniwob/click-test", seed=2))
+            await env.reset(Task("miniwob/click-test", seed=2))
             _, res = await env.step({"type": "click", "element": 1})
             return pool.launches, pid, pool.browser_pid(), res
         finally:

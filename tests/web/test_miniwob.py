@@ -8,11 +8,11 @@ import io
 import pytest
 from PIL import Image
 
+from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import Task
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.miniwob import MiniWoBEnv
 from asyncwebrl.web.oracles import oracle_action
-from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.tasks import MINIWOB_EASY, TaskSampler, miniwob_all, resolve_task_names
 
 pytestmark = pytest.mark.browser

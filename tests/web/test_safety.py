@@ -45,7 +45,7 @@ def test_agent_stays_on_allowed_origin(runner):
             await env.close()
 
     origin, results = runner.run(go())
-    for name, (url, res, n_pages, title) in results.items():
+    for name, (url, res, n_pages, _title) in results.items():
         assert url == origin + "/unsafe.html", (name, url)
         assert n_pages == 1, name  # no second window survives
         assert not res.done
