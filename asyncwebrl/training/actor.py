@@ -297,10 +297,9 @@ class FSDPActor:
     def _optim_state_full(self) -> dict[str, Any] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        if not self.distributed:
-            return self.optimizer.state_dict()
-        return get_optimizer_state_dict(self.module, self.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # parameter-name keyed, unsharded: the same file resumes at any world size
+        return get_optimizer_state_dict(self.module, self.optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=self.distributed))
 
     def save_checkpoint(self, root: str | Path, extra_state: dict[str, Any] | None = None,
                         keep_last: int | None = None) -> Path | None:
@@ -327,7 +326,8 @@ class FSDPActor:
             missing, unexpected = self.hf.load_state_dict(state["model"], strict=False)
             self._check_keys(missing, unexpected)
             if state["optimizer"] is not None:
-                self.optimizer.load_state_dict(state["optimizer"])
+                set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
+                                         options=StateDictOptions(full_state_dict=True))
             meta = state
         else:
             model_sd = {WRAP + k: v for k, v in state["model"].items()} if state else {}

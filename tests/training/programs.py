@@ -80,3 +80,12 @@ def checkpoint_then_steps(rank: int, world_size: int, addr: str, port: int, cfg_
     version = actor.version
     actor.close()
     return {"losses": losses, "version": version}
+
+
+def resume_from(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, root: str, n_after: int) -> dict:
+    return checkpoint_then_steps(rank, world_size, addr, port, cfg_kwargs, root, 0, n_after, True)
+
+
+def uninterrupted(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, root: str,
+                  n_before: int, n_after: int) -> dict:
+    return checkpoint_then_steps(rank, world_size, addr, port, cfg_kwargs, root, n_before, n_after, False)
