@@ -1,0 +1,115 @@
+"""The rollout-side client against real HTTP servers (in-thread, tiny model): sticky episodes,
+retries then failover, 400s not retried, pause/resume of every server, health."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncwebrl.inference.client import InferenceClient, InferenceUnavailable
+from asyncwebrl.inference.engine import HFEngine
+from asyncwebrl.inference.protocol import ProtocolError
+from asyncwebrl.inference.server import free_port, launch_in_thread
+
+SAMPLING = {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    from asyncwebrl.models.prepare import resolve_model_path
+
+    path = resolve_model_path("tiny-qwen2.5-vl")
+    out = []
+    for _ in range(2):
+        eng = HFEngine(path, cpu_threads=1)
+        eng.start()
+        out.append(launch_in_thread(eng))
+    yield [s.address for s in out]
+    for s in out:
+        s.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_episode_sticks_to_its_server_and_moves_when_it_fails(servers):
+    async def go():
+        c = InferenceClient(servers)
+        try:
+            a = [await c.agenerate([1, 2, 3], None, SAMPLING, sticky_key="ep1") for _ in range(3)]
+            assert len({o.server for o in a}) == 1
+            first = a[0].server
+            c.mark_failed(first)
+            b = await c.agenerate([1, 2, 3], None, SAMPLING, sticky_key="ep1")
+            assert b.server != first
+            c.restore(first)
+            assert (await c.agenerate([1, 2, 3], None, SAMPLING, sticky_key="ep1")).server == b.server
+            # concurrent new episodes spread over the least-loaded servers
+            outs = await asyncio.gather(*(c.agenerate([1, 2, 3], None, {**SAMPLING, "max_new_tokens": 8},
+                                                      sticky_key=f"e{i}") for i in range(4)))
+            assert {o.server for o in outs} == set(servers)
+            for o in outs:
+                assert len(o.output_ids) == len(o.output_logprobs) == len(o.output_versions) == 8
+                assert o.output_versions == [0] * 8 and o.finish_reason == "length" and o.prompt_tokens == 3
+        finally:
+            await c.aclose()
+
+    run(go())
+
+
+def test_dead_server_is_retried_then_failed_over(servers):
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def go():
+        c = InferenceClient([dead, servers[0]], max_retries=2, retry_backoff_s=0.01, timeout_s=10)
+        try:
+            out = await c.agenerate([5, 6, 7], None, SAMPLING, sticky_key="x")
+            assert out.server == servers[0] and c.stats["retries"] == 2 and c.stats["failovers"] == 1
+            assert dead not in c.healthy_addresses()
+            health = await c.ahealth(timeout_s=2)
+            assert health == {dead: False, servers[0]: True}
+        finally:
+            await c.aclose()
+        only_dead = InferenceClient([dead], max_retries=1, retry_backoff_s=0.01, timeout_s=5)
+        with pytest.raises(InferenceUnavailable):
+            await only_dead.agenerate([1], None, SAMPLING)
+        await only_dead.aclose()
+
+    run(go())
+
+
+def test_bad_request_is_raised_not_retried(servers):
+    async def go():
+        c = InferenceClient(servers, max_retries=3)
+        try:
+            with pytest.raises(ProtocolError, match="vocab size"):
+                await c.agenerate([10**8], None, SAMPLING)
+            assert c.stats["retries"] == 0 and c.stats["failovers"] == 0
+            with pytest.raises(ProtocolError, match="top_p"):
+                await c.agenerate([1], None, {"top_p": 2.0})
+        finally:
+            await c.aclose()
+
+    run(go())
+
+
+def test_pause_resume_and_version_on_all_servers(servers):
+    async def go():
+        c = InferenceClient(servers)
+        try:
+            assert all(r["success"] for r in (await c.apause()).values())
+            task = asyncio.create_task(c.agenerate([1, 2], None, SAMPLING))
+            await asyncio.sleep(0.5)
+            assert not task.done()  # paused servers keep the request
+            await c.aupdate_weight_version(4)
+            assert all(r["success"] for r in (await c.aresume()).values())
+            out = await asyncio.wait_for(task, 60)
+            assert out.output_versions == [4] * 3
+        finally:
+            await c.aupdate_weight_version(0)
+            await c.aclose()
+
+    run(go())
+    assert InferenceClient(servers).health() == {a: True for a in servers}
