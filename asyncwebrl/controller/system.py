@@ -111,8 +111,10 @@ class System:
                 log.warning("shutdown of %s failed: %r", name, e)
 
     def _stop_servers(self) -> None:
+        from asyncwebrl.scheduling.servers import ServerProcess
+
         for h in self.server_handles + self.test_handles:
-            if hasattr(h, "stop") and not hasattr(h, "remote"):
+            if isinstance(h, ServerProcess):
                 h.stop()
             else:
                 try:

@@ -17,8 +17,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from asyncwebrl.evaluation.evaluate import run_eval_episodes
+from asyncwebrl.training.checkpoint import latest_complete_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,6 @@ class TestRolloutManager:
     def evaluate_latest_blocking(self, timeout_s: float = 600.0) -> dict[str, Any] | None:
         """Evaluate the newest complete checkpoint now if it is not evaluated yet (end of run)."""
         deadline = time.monotonic() + timeout_s
-        from asyncwebrl.training.checkpoint import latest_complete_checkpoint
-
         ckpt = latest_complete_checkpoint(self.ckpt_root)
         if ckpt is None:
             return None
@@ -90,10 +92,14 @@ class TestRolloutManager:
         asyncio.run(self._loop())
 
     async def _loop(self) -> None:
-        from asyncwebrl.training.checkpoint import latest_complete_checkpoint
+        try:
+            await self._poll()
+        finally:
+            close = getattr(self.client, "aclose", None)
+            if close is not None:
+                await close()
 
-        from asyncwebrl.evaluation.evaluate import run_eval_episodes
-
+    async def _poll(self) -> None:
         while not self._stop.is_set():
             ckpt = latest_complete_checkpoint(self.ckpt_root)
             version = checkpoint_version(ckpt) if ckpt else None

@@ -1,0 +1,70 @@
+"""The whole system for a few steps: real Chromium + MiniWoB++, embedded inference servers, the
+FSDP trainer, the Ray PixelStore, test rollout on checkpoints, under the Ray scheduler."""
+
+import json
+import urllib.request
+
+import pytest
+
+from asyncwebrl.config import load_run_config
+from asyncwebrl.controller.main import Controller
+from asyncwebrl.controller.rundir import RunDir, read_jsonl
+from asyncwebrl.controller.system import build_system
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp_path):
+    steps = 2
+    cfg = load_run_config(None, [
+        f"cluster.fileroot={tmp_path}", f"total_train_steps={steps}", "rollout.consumer_batch_size=1",
+        "gconfig.n_samples=2", "env.max_steps=2", "env.tasks=click-test,click-button",
+        "test_rollout.enabled=true", "test_rollout.n_episodes=2", "test_rollout.tasks=click-test",
+        "checkpoint.every_n_steps=1", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
+    ])
+    run = RunDir(cfg.run_dir, keep_episodes=8)
+    system = build_system(cfg, run)
+    try:
+        ctl = Controller(cfg, system, run)
+        summary = ctl.train()
+        assert summary["steps"] == steps and summary["version"] == steps
+
+        # weights reached every train-rollout server: same version, bit-identical to the trainer's
+        from asyncwebrl.inference.engine import params_checksum
+        from asyncwebrl.models.vlm import load_model
+        from asyncwebrl.training.checkpoint import latest_complete_checkpoint
+
+        ckpt = latest_complete_checkpoint(run.root / "checkpoints")
+        assert ckpt is not None and json.loads((ckpt / "trainer_state.json").read_text())["version"] == steps
+        want = params_checksum(load_model(str(ckpt)).named_parameters())
+        for addr in system.server_addresses:
+            got = _get(addr + "/weights_checksum")
+            assert got["weight_version"] == str(steps)
+            assert got["sha256"] == want
+
+        # evaluation ran on a checkpoint, tagged with its version
+        done = system.test_rollout.evaluate_latest_blocking(timeout_s=600)
+        assert done["evaluated"]
+        evals = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "eval"]
+        assert evals and evals[-1]["version"] == steps and evals[-1]["n_episodes"] == 2
+
+        # nothing lost, nothing duplicated
+        stats = system.rollout.stats()
+        assert stats["consumed_groups"] == steps * cfg.rollout.consumer_batch_size
+        assert stats["lost_rollouts"] == 0
+        assert summary["duplicates"] == 0
+        train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
+        assert [r["version"] for r in train] == list(range(1, steps + 1))
+        assert all(r["n_trajectories"] == 2 for r in train)
+        assert all(max(map(int, r["staleness_hist"])) <= cfg.rollout.max_head_offpolicyness for r in train)
+        # the viewer sample of episodes holds real screenshots
+        kept = read_jsonl(run.root / "episodes" / "index.jsonl")
+        assert kept and (run.root / kept[0]["dir"] / "step_0.png").stat().st_size > 100
+    finally:
+        system.shutdown()
+        run.close()
