@@ -7,7 +7,8 @@ step (a disaggregated trainer on its own devices). Generation is either
 - `policy=standin` (default): the GENERATION STAND-IN, a client that answers after `standin_gen_ms`
   with an action (correct target with probability `standin_accuracy`), modelling an inference
   server with spare capacity; it is named as such in the output and JSON; or
-- `policy=server`: the embedded hf inference server with the default model, in this process.
+- `policy=server`: the embedded hf inference server in this process (`model=default` or a prepared
+  test model such as `model=tiny-qwen2.5-vl`).
 
 Phases, same workload: (1) rollout capacity (async pool, no trainer), (2) async pool with the trainer,
 (3) synchronous pool with the trainer. Figures: trajectories/s, trainer idle fraction, rollout idle
@@ -27,6 +28,7 @@ from asyncwebrl.bench.common import parse_overrides, print_table, write_result
 
 DEFAULTS: dict[str, Any] = {
     "policy": "standin",
+    "model": "default",
     "steps": 8,
     "batch_size": 4,
     "concurrency": 4,
@@ -112,7 +114,7 @@ def _build(knobs: dict[str, Any], version: _VersionBox, server: Any) -> tuple[An
     from asyncwebrl.web.config import EnvConfig
     from asyncwebrl.web.synthetic import SyntheticProfile, SyntheticWebEnv
 
-    model = resolve_model_path("default")
+    model = resolve_model_path(knobs["model"])
     env_cfg = EnvConfig(type="synthetic", synthetic_step_latency_ms=knobs["step_latency_ms"], max_steps=200,
                         history_k=1)
     profile = SyntheticProfile(success_steps=knobs["success_steps"], failure_steps=knobs["failure_steps"],
@@ -157,11 +159,14 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
     wait = 0.0
     trajs = 0
     lengths: list[int] = []
+    first_at, first_trajs = 0.0, 0
     try:
-        for _ in range(steps):
+        for i in range(steps):
             tw = time.monotonic()
             batch = pool.prepare_batch()
             wait += time.monotonic() - tw
+            if i == 0:
+                first_at, first_trajs = time.monotonic(), sum(len(g.trajectories) for g in batch)
             for g in batch:
                 trajs += len(g.trajectories)
                 lengths.extend(len(t.steps) for t in g.trajectories)
@@ -175,6 +180,7 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
 
             pool.update_weights(refresh, new_version=version.v + 1)
         wall = time.monotonic() - t0
+        steady_s = time.monotonic() - first_at
         st = pool.stats()
     finally:
         pool.shutdown()
@@ -182,6 +188,7 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
         "trajectories": trajs,
         "wall_s": wall,
         "trajectories_per_s": trajs / wall,
+        "steady_trajectories_per_s": (trajs - first_trajs) / steady_s if steps > 1 and steady_s > 0 else trajs / wall,
         "trainer_idle_fraction": wait / wall,
         "rollout_idle_fraction": st["rollout_idle_fraction"],
         "dropped_stale": st["dropped_stale"],
@@ -196,6 +203,8 @@ def main(overrides: list[str]) -> int:
     knobs = parse_overrides(overrides, DEFAULTS)
     if knobs["policy"] not in ("standin", "server"):
         raise SystemExit("bench pool: policy must be 'standin' or 'server'")
+    if knobs["capacity_steps"] < 2 or knobs["steps"] < 1:
+        raise SystemExit("bench pool: capacity_steps must be >= 2 (steady state) and steps >= 1")
     from asyncwebrl.rollout.controller import RolloutController
     from asyncwebrl.rollout.sync_pool import SyncRolloutPool
 
@@ -205,7 +214,7 @@ def main(overrides: list[str]) -> int:
         from asyncwebrl.inference.server import launch_in_thread
         from asyncwebrl.models.prepare import resolve_model_path
 
-        engine = HFEngine(resolve_model_path("default"))
+        engine = HFEngine(resolve_model_path(knobs["model"]))
         engine.start()
         server = launch_in_thread(engine)
     results: dict[str, dict[str, Any]] = {}
@@ -231,11 +240,12 @@ def main(overrides: list[str]) -> int:
             server.engine.stop()
     per_step = knobs["batch_size"] * knobs["n_samples"]
     trainer_capacity = per_step / knobs["train_step_s"] if knobs["train_step_s"] > 0 else float("inf")
-    rollout_capacity = results["capacity"]["trajectories_per_s"]
+    rollout_capacity = results["capacity"]["steady_trajectories_per_s"]  # after start-up, no trainer
     ideal = min(rollout_capacity, trainer_capacity)
     a, s = results["async"], results["sync"]
     speedup = a["trajectories_per_s"] / s["trajectories_per_s"]
-    policy_name = "GENERATION STAND-IN (not a model)" if knobs["policy"] == "standin" else "embedded hf server"
+    policy_name = ("GENERATION STAND-IN (not a model)" if knobs["policy"] == "standin"
+                   else f"embedded hf server ({knobs['model']})")
     rows = [
         {"mode": m, "traj/s": r["trajectories_per_s"], "trainer_idle": r["trainer_idle_fraction"],
          "rollout_idle": r["rollout_idle_fraction"], "wall_s": r["wall_s"], "mean_len": r["mean_episode_steps"],

@@ -346,3 +346,38 @@ def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type:
     if scheduler_type == "local":
         return RolloutController.local(spec, rollout_cfg, **kwargs)
     raise ValueError(f"unknown scheduler type {scheduler_type!r} (local | ray)")
+
+
+def pixel_freer(store: Any) -> Callable[[RolloutGroup], None]:
+    """An `on_drop_group` callback: a dropped group's screenshots are freed (one reference per use)."""
+
+    def free(group: RolloutGroup) -> None:
+        keys = [k for t in group.trajectories for k in t.all_pixel_keys()]
+        if keys:
+            store.free(keys)
+
+    return free
+
+
+def inference_pause_hooks(addresses: list[str], api_key: str | None = None,
+                          timeout_s: float = 60.0) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(on_pause, on_resume) callbacks that pause / continue generation on the train-rollout servers
+    (SGLang's /pause_generation and /continue_generation), for RolloutController(on_pause=, on_resume=)."""
+    import asyncio
+
+    def call(method: str) -> Callable[[], None]:
+        def run() -> None:
+            from asyncwebrl.inference.client import InferenceClient
+
+            async def go() -> None:
+                client = InferenceClient(addresses, api_key=api_key, timeout_s=timeout_s)
+                try:
+                    await asyncio.wait_for(getattr(client, method)(), timeout_s)
+                finally:
+                    await client.aclose()
+
+            asyncio.run(go())
+
+        return run
+
+    return call("apause"), call("aresume")

@@ -133,6 +133,12 @@ class EpisodeGroupWorkflow:
         envs, self._idle = self._idle, []
         for env in envs:
             await self._discard(env)
+        closer = getattr(self.client, "aclose", None)  # the client's HTTP sessions live in this loop
+        if closer is not None:
+            try:
+                await asyncio.wait_for(closer(), 10)
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing the inference client failed: %r", e)
 
 
 _ADAPTERS: dict[str, Any] = {}

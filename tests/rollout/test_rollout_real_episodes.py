@@ -12,7 +12,7 @@ import pytest
 
 from asyncwebrl.pixelstore.store import PixelStore
 from asyncwebrl.rollout.config import RolloutConfig
-from asyncwebrl.rollout.controller import RolloutController
+from asyncwebrl.rollout.controller import RolloutController, inference_pause_hooks, pixel_freer
 from asyncwebrl.rollout.workflow import EpisodeRolloutSpec
 from asyncwebrl.web.base import Task
 from asyncwebrl.web.config import EnvConfig
@@ -61,7 +61,9 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
         env_factory=lambda cfg: SyntheticWebEnv(cfg, SyntheticProfile()),
     )
     cfg = RolloutConfig(consumer_batch_size=1, max_concurrent_rollouts=2, max_head_offpolicyness=1)
-    ctl = RolloutController.local(spec, cfg, batch_timeout_s=300).start()
+    on_pause, on_resume = inference_pause_hooks([server.address])
+    ctl = RolloutController.local(spec, cfg, batch_timeout_s=300, on_pause=on_pause, on_resume=on_resume,
+                                  on_drop_group=pixel_freer(store)).start()
     updater = InferenceClient([server.address], timeout_s=300)
     try:
         for step in range(2):
@@ -80,8 +82,12 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
             assert store.count_missing(keys) == 0
             assert all(b.startswith(b"\x89PNG") for b in store.get(keys))
             store.free(keys)  # the trainer consumed them
-            ctl.update_weights(lambda: asyncio.run(updater.aupdate_weights_from_disk(model_path, v + 1)))
-            assert server.engine.weight_version == str(v + 1)
+            def transfer():
+                assert server.engine.paused  # the servers stop generating for the copy
+                asyncio.run(updater.aupdate_weights_from_disk(model_path, v + 1))
+
+            ctl.update_weights(transfer)
+            assert server.engine.weight_version == str(v + 1) and not server.engine.paused
         st = ctl.stats()
         assert st["consumed_groups"] == 2 and st["failed_rollouts"] == 0
     finally:
