@@ -268,7 +268,7 @@ def main(overrides: list[str]) -> int:
                     spill0 = _spilled_mib()
                     per = [n // len(workers) + (1 if i < n % len(workers) else 0) for i in range(len(workers))]
                     t0 = time.perf_counter()
-                    refs = [w.run.remote(k, knobs["steps"], kind, mode, 17 + i) for i, (w, k) in enumerate(zip(workers, per))]
+                    refs = [w.run.remote(k, knobs["steps"], kind, mode, 17 + i) for i, (w, k) in enumerate(zip(workers, per, strict=True))]
                     results = ray.get(refs, timeout=600)
                     wall = time.perf_counter() - t0
                     trajs = [t for r in results for t in r[0]]

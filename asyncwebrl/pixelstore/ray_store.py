@@ -190,7 +190,7 @@ class PixelStoreClient:
             if prefix not in self.prefixes:
                 continue  # unknown store: the keys are missing
             vals = self._call(prefix, "get", [keys[i] for i in idx])
-            for i, v in zip(idx, vals):
+            for i, v in zip(idx, vals, strict=True):
                 out[i] = v
         self.missing_seen += sum(v is None for v in out)
         return out

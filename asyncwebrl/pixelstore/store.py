@@ -106,7 +106,7 @@ class PixelStore:
                         "the trainer is not freeing consumed screenshots, or pixelstore.capacity_mb is too small"
                     )
             now = time.monotonic()
-            for k, b in zip(keys, blobs):
+            for k, b in zip(keys, blobs, strict=True):
                 self._items[k] = b
                 self._refs[k] = refs
                 self._born[k] = now

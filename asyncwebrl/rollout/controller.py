@@ -28,7 +28,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from asyncwebrl.rollout.hosts import ExecutorHost, LocalExecutorHost, RolloutSpec, launch_ray_hosts, split_slots
+from asyncwebrl.rollout.hosts import (
+    ExecutorHost,
+    LocalExecutorHost,
+    RolloutSpec,
+    launch_ray_hosts,
+    split_slots,
+)
 from asyncwebrl.rollout.staleness import StalenessManager
 from asyncwebrl.rollout.trajectory import RolloutGroup
 

@@ -255,7 +255,7 @@ class WorkflowExecutor:
             try:
                 await asyncio.wait_for(self._kick.wait(), wait)
                 wait = self._poll_s
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 wait = min(wait * 2, self._poll_max_s)
 
     async def _slot(self, index: int) -> None:

@@ -140,7 +140,7 @@ class SyntheticWebEnv:
         ids = rng.sample(range(1, 10 * n + 1), n)
         row_h = max(12, (self.height - 10) // max(n, 1) - 4)
         elements = []
-        for i, (eid, name) in enumerate(zip(ids, names)):
+        for i, (eid, name) in enumerate(zip(ids, names, strict=True)):
             w = rng.randint(self.width // 3, self.width - 10)
             x = rng.randint(2, self.width - w - 2)
             elements.append({"id": eid, "role": rng.choice(ROLES), "name": name,

@@ -12,7 +12,12 @@ import pytest
 
 from asyncwebrl.config import load_run_config
 from asyncwebrl.pixelstore import make_pixel_store
-from asyncwebrl.pixelstore.local_store import LocalPixelStoreClient, pack_frames, start_local_store, unpack_frames
+from asyncwebrl.pixelstore.local_store import (
+    LocalPixelStoreClient,
+    pack_frames,
+    start_local_store,
+    unpack_frames,
+)
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, key_occurrences
 
 

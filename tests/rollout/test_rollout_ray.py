@@ -8,8 +8,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from ray import cloudpickle  # noqa: E402
 import rollout_sim  # noqa: E402
+from ray import cloudpickle  # noqa: E402
 
 from asyncwebrl.rollout.config import RolloutConfig  # noqa: E402
 from asyncwebrl.rollout.controller import make_rollout_controller  # noqa: E402

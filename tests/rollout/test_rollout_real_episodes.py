@@ -66,7 +66,7 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
                                   on_drop_group=pixel_freer(store)).start()
     updater = InferenceClient([server.address], timeout_s=300)
     try:
-        for step in range(2):
+        for _ in range(2):
             v = ctl.version
             (group,) = ctl.prepare_batch()
             assert len(group.trajectories) == 2 and group.task_id.startswith("synthetic/e2e#")
@@ -82,9 +82,9 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
             assert store.count_missing(keys) == 0
             assert all(b.startswith(b"\x89PNG") for b in store.get(keys))
             store.free(keys)  # the trainer consumed them
-            def transfer():
+            def transfer(target=v + 1):
                 assert server.engine.paused  # the servers stop generating for the copy
-                asyncio.run(updater.aupdate_weights_from_disk(model_path, v + 1))
+                asyncio.run(updater.aupdate_weights_from_disk(model_path, target))
 
             ctl.update_weights(transfer)
             assert server.engine.weight_version == str(v + 1) and not server.engine.paused

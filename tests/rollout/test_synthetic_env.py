@@ -71,7 +71,7 @@ def test_episode_lengths_are_web_like():
 def test_success_depends_on_the_action_by_id_or_point():
     env = SyntheticWebEnv(CFG, SyntheticProfile(success_steps=1.0))
     task = Task("synthetic/one", seed=5, max_steps=10)
-    obs = asyncio.run(env.reset(task))
+    asyncio.run(env.reset(task))
     x, y, w, h = env._target["box"]
     _, res = asyncio.run(env.step({"type": "click", "x": x + w / 2, "y": y + h / 2}))
     assert res.success and res.done and res.reward == 1.0
