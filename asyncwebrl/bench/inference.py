@@ -7,7 +7,8 @@ exactly `max_new_tokens` sampled tokens (ignore_eos), so tokens/s are comparable
 Headline: speedup of concurrency 8 and 32 over one-at-a-time.
 
 Knobs: model=default|PATH|random:qwen2.5-vl-3b (random-init weights of that shape, for a GPU),
-device=cpu|cuda, dtype, max_new_tokens, requests (per level; at least the concurrency).
+device=cpu|cuda, dtype, max_new_tokens, requests (per level; at least the concurrency),
+name (result file stem: the GPU run writes name=inference_gpu).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "requests": 32,
     "temperature": 1.0,
     "startup_timeout_s": 900,
+    "name": "inference",
 }
 
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
@@ -177,7 +179,7 @@ def main(overrides: list[str]) -> int:
     figures["prompt_tokens"] = len(prompts[0])
     config = {**cfg, "model": cfg["model"], "server": "hf (subprocess, HTTP)", "image": "160x210 PNG",
               "note": "tokens/s of generated tokens; CPU runs share cores between server and client"}
-    write_result("inference", config, figures)
+    write_result(cfg["name"], config, figures)
     headline = ", ".join(f"c{c}/c1 = {figures[f'speedup_c{c}_over_c1']}x" for c in levels if c != 1 and base)
     print_table(rows, f"hf server tokens/s speedup over one-at-a-time: {headline}")
     return 0

@@ -24,7 +24,17 @@ class InferenceConfig:
     """sglang backend: fraction of GPU memory for weights + KV cache"""
     startup_timeout_s: float = 300.0
     """a server that is not healthy after this long is an error"""
+    weight_sync_timeout_s: float = 120.0
+    """embedded hf backend: joining the broadcast group and each broadcast time out after this
+    (env ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S of the server process)"""
+    cpu_threads: int = 0
+    """embedded hf backend on CPU: torch threads per server (0 = 1, since servers share cores with
+    browsers and the trainer; env ASYNCWEBRL_CPU_THREADS of the server process)"""
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("inference.max_batch_size must be >= 1")
+        if self.weight_sync_timeout_s <= 0:
+            raise ValueError("inference.weight_sync_timeout_s must be > 0")
+        if self.cpu_threads < 0:
+            raise ValueError("inference.cpu_threads must be >= 0 (0 = one thread per CPU server)")

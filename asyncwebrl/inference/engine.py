@@ -117,7 +117,7 @@ class HFEngine:
         self.family = self.adapter.family
         self.eos_ids = set(self.adapter.eos_token_ids)
         self.weight_version = str(weight_version)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
@@ -359,7 +359,8 @@ class HFEngine:
     def _append_tokens(self, reqs: list[EngineRequest], logits: torch.Tensor) -> bool:
         """Sample one token per row, record logprob + version, deliver finished requests.
         Returns whether the (single) request of a prefill already finished."""
-        logits = logits.float()
+        # sampling runs on the CPU: one transfer per step instead of a device sync per row
+        logits = logits.float().cpu()
         logprobs = torch.log_softmax(logits, dim=-1)
         any_done = False
         for i, r in enumerate(reqs):
