@@ -295,13 +295,16 @@ class WorkflowExecutor:
             consecutive_failures = 0
             group.submit_version = submit_version
             self._end_busy(index)
-            await _resolve(self.admission.on_accept())
+            # dispatch the accept before emitting and await it after: a cancellation in between (shutdown)
+            # can then neither lose the group nor leave it counted as running
+            ack = self.admission.on_accept()
             with self._lock:
                 self.completed += 1
                 self.trajectories += len(group.trajectories)
                 self.failed_trajectories += n_failed
             self._results.put(group)
             self._wake()
+            await _resolve(ack)
 
     def _end_busy(self, index: int) -> None:
         with self._lock:
