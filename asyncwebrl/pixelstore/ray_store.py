@@ -100,7 +100,8 @@ def launch_ray_stores(run_name: str, capacity_bytes: int, put_timeout_s: float, 
     return handles
 
 
-_RETRYABLE = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ValueError)
+class _Restarting(Exception):
+    """The store actor's name did not resolve: Ray is restarting it."""
 
 
 class PixelStoreClient:
@@ -153,9 +154,12 @@ class PixelStoreClient:
         delay = 0.05
         while True:
             try:
-                ref = getattr(self._handle(prefix), method).remote(*args)
-                return ray.get(ref, timeout=timeout_s or self.call_timeout_s)
-            except _RETRYABLE as e:  # actor dead/restarting, or name not yet re-registered
+                try:
+                    handle = self._handle(prefix)
+                except ValueError as e:  # the name is not registered (yet): the actor is restarting
+                    raise _Restarting(str(e)) from e
+                return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s or self.call_timeout_s)
+            except (_Restarting, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 self._handles.pop(prefix, None)
                 self.retries += 1
                 if time.monotonic() + delay > deadline:
@@ -171,6 +175,8 @@ class PixelStoreClient:
         return self.put_batch([data], refs)[0]
 
     def put_batch(self, items: list[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
+        if refs < 1:
+            raise ValueError(f"refs must be >= 1, got {refs}")
         wait = self.put_timeout_s if timeout_s is None else timeout_s
         out = self._call(self.local_prefix(), "put_batch", [bytes(i) for i in items], refs, wait,
                          timeout_s=wait + self.call_timeout_s)

@@ -111,3 +111,19 @@ def test_killed_actor_restarts_missing_counted_no_hang(ray_session):
         stop.set()
         t.join(5)
         c.kill_all()
+
+
+def test_bad_input_is_a_clear_error_not_a_retry_loop(ray_session):
+    handles = launch_ray_stores("runBad", 10_000, 1.0)
+    c = PixelStoreClient("runBad", handles, retry_deadline_s=30)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError):
+            c.put(b"x", refs=0)
+        with pytest.raises(TypeError):
+            c.put_batch(["not bytes"])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="not a PixelStore key"):
+            c.get(["no-prefix"])
+        assert time.monotonic() - t0 < 5
+    finally:
+        c.kill_all()
