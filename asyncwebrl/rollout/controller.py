@@ -135,7 +135,7 @@ class RolloutController:
 
     def _collect(self, index: int, host: ExecutorHost) -> None:
         failures = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and index not in self._dead_hosts:
             try:
                 groups = host.fetch(1024, self.poll_s)
                 failures = 0
