@@ -72,10 +72,10 @@ def post_json(base_url: str, path: str, body: dict[str, Any], api_key: str | Non
 
 
 class _Call(threading.Thread):
-    """One HTTP call on a daemon thread, so the caller can run collectives meanwhile."""
+    """One blocking call on its own thread, so the caller can run collectives meanwhile."""
 
-    def __init__(self, fn, *args):
-        super().__init__(daemon=True)
+    def __init__(self, fn, *args, daemon: bool = True):
+        super().__init__(daemon=daemon)
         self.fn, self.args = fn, args
         self.result: Any = None
         self.error: BaseException | None = None
@@ -174,7 +174,9 @@ class WeightBroadcaster:
                                    timeout=timeout, wait_for_workers=False)
         for c in calls:
             c.start()
-        maker = _Call(self._make_group, None, "rendezvous")
+        # not a daemon: if init fails early the rendezvous still runs (bounded by the timeout) and the
+        # interpreter must wait for it at exit, or the C++ thread it holds aborts the process
+        maker = _Call(self._make_group, None, "rendezvous", daemon=False)
         maker.start()
         # fail fast if a server refuses; otherwise wait for the rendezvous
         while maker.is_alive() and time.monotonic() < deadline:

@@ -89,3 +89,24 @@ def resume_from(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: di
 def uninterrupted(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, root: str,
                   n_before: int, n_after: int) -> dict:
     return checkpoint_then_steps(rank, world_size, addr, port, cfg_kwargs, root, n_before, n_after, False)
+
+
+def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, server: str,
+                         version: int) -> dict:
+    """Train one step on FSDP ranks, gather full parameters (collective), rank 0 broadcasts them to
+    the server; returns the gathered parameters (rank 0) and the broadcast report."""
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.weight_sync import WeightBroadcaster
+
+    torch.manual_seed(0)
+    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    actor.train_step(make_samples(actor.adapter, 4))
+    named = actor.state_dict_for_broadcast()
+    report = None
+    if rank == 0:
+        bc = WeightBroadcaster([server], None, actor.cfg)
+        bc.init_group()
+        report = bc.broadcast(named, version)
+        bc.close()
+    actor.close()
+    return {"params": {n: t.clone() for n, t in named} if rank == 0 else None, "report": report}
