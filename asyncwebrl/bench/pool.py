@@ -29,7 +29,7 @@ from asyncwebrl.bench.common import parse_overrides, print_table, write_result
 DEFAULTS: dict[str, Any] = {
     "policy": "standin",
     "model": "default",
-    "steps": 8,
+    "steps": 10,
     "batch_size": 4,
     "concurrency": 4,
     "eta": 2,
@@ -42,9 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "long_tail_prob": 0.05,
     "long_tail_factor": 4.0,
     "standin_gen_ms": 100.0,
-    "standin_accuracy": 0.6,
+    "standin_accuracy": 0.3,
     "max_new_tokens": 8,
-    "capacity_steps": 4,
+    "capacity_steps": 6,
     "seed": 1,
 }
 
@@ -159,6 +159,7 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
     wait = 0.0
     trajs = 0
     lengths: list[int] = []
+    wins = 0
     first_at, first_trajs = 0.0, 0
     try:
         for i in range(steps):
@@ -170,6 +171,7 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
             for g in batch:
                 trajs += len(g.trajectories)
                 lengths.extend(len(t.steps) for t in g.trajectories)
+                wins += sum(t.success for t in g.trajectories)
                 _free_group(store, g)  # the trainer consumed the pixels
             time.sleep(train_s)
 
@@ -195,6 +197,7 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
         "staleness_hist": st["staleness_hist"],
         "failed_rollouts": st["failed_rollouts"],
         "mean_episode_steps": sum(lengths) / max(1, len(lengths)),
+        "success_rate": wins / max(1, trajs),
         "max_episode_steps": max(lengths, default=0),
     }
 
@@ -256,6 +259,9 @@ def main(overrides: list[str]) -> int:
           f"ideal overlap bound {ideal:.3g} traj/s (rollout {rollout_capacity:.3g}, trainer {trainer_capacity:.3g})")
     figures = {
         "speedup": speedup,
+        "speedup_steady": a["steady_trajectories_per_s"] / s["steady_trajectories_per_s"],
+        "success_rate_async": a["success_rate"],
+        "success_rate_sync": s["success_rate"],
         "async_trajectories_per_s": a["trajectories_per_s"],
         "sync_trajectories_per_s": s["trajectories_per_s"],
         "async_trainer_idle_fraction": a["trainer_idle_fraction"],
