@@ -346,7 +346,8 @@ def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type:
     if rollout_cfg.mode == "sync":
         from asyncwebrl.rollout.sync_pool import SyncRolloutPool
 
-        return SyncRolloutPool(spec, rollout_cfg, on_drop_group=kwargs.get("on_drop_group"))
+        keep = ("on_drop_group", "on_pause", "on_resume", "batch_timeout_s")  # placement knobs do not apply
+        return SyncRolloutPool(spec, rollout_cfg, **{k: v for k, v in kwargs.items() if k in keep})
     if scheduler_type == "ray":
         return RolloutController.ray(spec, rollout_cfg, **kwargs)
     if scheduler_type == "local":

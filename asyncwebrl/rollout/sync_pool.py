@@ -34,11 +34,14 @@ class SyncRolloutPool:
     """Round-based rollout behind the RolloutController interface."""
 
     def __init__(self, spec: RolloutSpec, rollout_cfg: Any, *, warmup: bool | None = None,
-                 on_drop_group: Callable[[RolloutGroup], None] | None = None, max_round_retries: int = 3):
+                 on_drop_group: Callable[[RolloutGroup], None] | None = None,
+                 on_pause: Callable[[], None] | None = None, on_resume: Callable[[], None] | None = None,
+                 batch_timeout_s: float | None = None, max_round_retries: int = 3):
         self.spec = spec
         self.batch_size = rollout_cfg.consumer_batch_size
         self.warmup = rollout_cfg.sync_warmup if warmup is None else warmup
-        self.batch_timeout_s = getattr(rollout_cfg, "batch_timeout_s", 3600.0)
+        self.batch_timeout_s = batch_timeout_s or getattr(rollout_cfg, "batch_timeout_s", 3600.0)
+        self.on_pause, self.on_resume = on_pause, on_resume
         self.on_drop_group = on_drop_group  # unused: a sync round never produces stale groups
         self.max_round_retries = max_round_retries
         self.gate = ResumeGate()
@@ -163,8 +166,12 @@ class SyncRolloutPool:
 
     def pause(self) -> None:
         self.gate.pause()
+        if self.on_pause is not None:
+            self.on_pause()
 
     def resume(self) -> None:
+        if self.on_resume is not None:
+            self.on_resume()
         self.gate.resume()
 
     def set_version(self, version: int) -> None:
