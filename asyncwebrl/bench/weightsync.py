@@ -52,9 +52,10 @@ DEFAULTS: dict[str, Any] = {
     "backend": "gloo",
     "n_servers": 1,
     "bucket_mb": 256,
-    "repeats": 3,
+    "repeats": 5,
     "timeout_s": 300,
     "servers": "",
+    "tokenizer": "default",
 }
 
 
@@ -222,9 +223,10 @@ def stop_receivers(procs: list[mp.Process]) -> None:
 
 
 # ---- the benchmark -------------------------------------------------------------------------------
-def make_model_folder(size: str, dtype: torch.dtype, out_dir: str) -> list[tuple[str, torch.Tensor]]:
-    """A random-init llama-shaped HF model folder (tokenizer borrowed from the default model) that
-    an embedded server can load; returns the model's named parameters (kept by the trainer)."""
+def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
+                      tokenizer: str = "default") -> list[tuple[str, torch.Tensor]]:
+    """A random-init llama-shaped HF model folder (tokenizer files borrowed from the `tokenizer`
+    model folder) that an embedded server can load; returns the model's named parameters."""
     import shutil
     from pathlib import Path
 
@@ -244,7 +246,7 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str) -> list[tuple
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)
     model.to(dtype)
     model.save_pretrained(out_dir)
-    src = Path(resolve_model_path("default"))
+    src = Path(resolve_model_path(tokenizer))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         if (src / f).is_file():
             shutil.copyfile(src / f, Path(out_dir) / f)
@@ -287,52 +289,48 @@ def _refresh(bc: WeightBroadcaster, sharded: list[tuple[str, torch.Tensor]], ver
     return {"pause_s": t1 - t0, "gather_s": t2 - t1, "broadcast_s": t3 - t2, "resume_s": t4 - t3, "total_s": t4 - t0}
 
 
-def _measure_floor(named, n: int, device: str, backend: str, cfg: ActorConfig, repeats: int,
-                   timeout_s: float) -> tuple[float, bool]:
-    devs = [f"cuda:{1 + i}" for i in range(n)] if device == "cuda" else None
-    urls, procs = start_receivers(n, devs, threads=1)
-    try:
-        bc = WeightBroadcaster(urls, None, cfg, backend=backend, device="cuda:0" if device == "cuda" else "cpu")
-        bc.init_group()
-        _raw_floor(bc, named, timeout_s)  # warm-up: receiver allocations
-        floors = [_raw_floor(bc, named, timeout_s) for _ in range(repeats)]
-        want = checksum(named)
-        exact = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == want for u in urls)
-        bc.close()
-    finally:
-        stop_receivers(procs)
-    return statistics.median(floors), exact
-
-
-def _measure_refresh(named, model_dir: str, n: int, device: str, backend: str, dtype: str, cfg: ActorConfig,
-                     repeats: int, timeout_s: float, external: list[str]) -> tuple[dict[str, float], bool]:
+def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: str, cfg: ActorConfig,
+             repeats: int, timeout_s: float, external: list[str]) -> dict[str, Any]:
+    """Floor and refresh side by side: both groups alive at once, measurements alternated."""
+    from asyncwebrl.inference.engine import params_checksum
     from asyncwebrl.inference.server import start_server_subprocess, wait_healthy
 
-    servers = []
+    trainer_dev = "cuda:0" if device == "cuda" else "cpu"
+    devs = [f"cuda:{1 + i}" for i in range(n)] if device == "cuda" else None
+    servers, procs = [], []
     try:
+        rx_urls, procs = start_receivers(n, devs, threads=1)
         if external:
             urls = external
         else:
             for i in range(n):
-                servers.append(start_server_subprocess(model_dir, device=f"cuda:{1 + i}" if device == "cuda" else "cpu",
-                                                       dtype=dtype))
+                servers.append(start_server_subprocess(model_dir, device=devs[i] if devs else "cpu", dtype=dtype))
             for srv in servers:
                 wait_healthy(srv.address, timeout_s, proc=srv)
             urls = [srv.address for srv in servers]
-        bc = WeightBroadcaster(urls, None, cfg, backend=backend, device="cuda:0" if device == "cuda" else "cpu")
+        raw = WeightBroadcaster(rx_urls, None, cfg, backend=backend, device=trainer_dev)
+        raw.init_group()
+        bc = WeightBroadcaster(urls, None, cfg, backend=backend, device=trainer_dev)
         bc.init_group()
-        _refresh(bc, named, 1, timeout_s)  # warm-up
-        parts = [_refresh(bc, named, 2 + r, timeout_s) for r in range(repeats)]
-        from asyncwebrl.inference.engine import params_checksum
-
+        _raw_floor(raw, named, timeout_s)  # warm-ups: first-touch allocations on both sides
+        _refresh(bc, named, 1, timeout_s)
+        floors, parts = [], []
+        for r in range(repeats):
+            floors.append(_raw_floor(raw, named, timeout_s))
+            parts.append(_refresh(bc, named, 2 + r, timeout_s))
+        exact_floor = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == checksum(named) for u in rx_urls)
         want = params_checksum(named)
         exact = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == want for u in urls)
+        raw.close()
         bc.close()
     finally:
         for srv in servers:
             srv.stop()
-    med = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
-    return med, exact
+        stop_receivers(procs)
+    out = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    out.update(floor_s=statistics.median(floors), bit_exact_server=exact, bit_exact_floor=exact_floor,
+               floors=floors, totals=[p["total_s"] for p in parts])
+    return out
 
 
 def run(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -353,21 +351,20 @@ def run(knobs: dict[str, Any]) -> dict[str, Any]:
     rows, per_size = [], {}
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"awrl-weightsync-{size}-") as model_dir:
-            named = make_model_folder(size, dtype, model_dir)
+            named = make_model_folder(size, dtype, model_dir, str(knobs["tokenizer"]))
             if device == "cuda":
                 named = [(k, t.to("cuda:0")) for k, t in named]
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
-            floor, floor_exact = _measure_floor(named, n, device, backend, cfg, repeats, timeout_s)
-            ref, exact = _measure_refresh(named, model_dir, n, device, backend, knobs["dtype"], cfg, repeats,
-                                          timeout_s, external)
+            m = _measure(named, model_dir, n, device, backend, knobs["dtype"], cfg, repeats, timeout_s, external)
+        refresh, floor = m["total_s"], m["floor_s"]
         per_size[size] = {
-            "params": sum(t.numel() for _, t in named), "bytes": nbytes, "refresh_s": ref["total_s"],
-            "floor_s": floor, "ratio_over_floor": ref["total_s"] / floor, "bit_exact_server": exact,
-            "bit_exact_floor": floor_exact, "refresh_GBps": nbytes / ref["total_s"] / 1e9,
-            "floor_GBps": nbytes / floor / 1e9, **{f"refresh_{k}": v for k, v in ref.items() if k != "total_s"},
+            "params": sum(t.numel() for _, t in named), "bytes": nbytes, "refresh_s": refresh, "floor_s": floor,
+            "ratio_over_floor": refresh / floor, "refresh_GBps": nbytes / refresh / 1e9,
+            "floor_GBps": nbytes / floor / 1e9,
+            **{k: v for k, v in m.items() if k not in ("total_s", "floor_s")},
         }
-        rows.append({"size": size, "GiB": round(nbytes / 2**30, 2), "refresh_s": ref["total_s"], "floor_s": floor,
-                     "ratio": ref["total_s"] / floor, "bit_exact": exact})
+        rows.append({"size": size, "GiB": round(nbytes / 2**30, 2), "refresh_s": refresh, "floor_s": floor,
+                     "ratio": refresh / floor, "bit_exact": m["bit_exact_server"] and m["bit_exact_floor"]})
         del named
     largest = sizes[-1]
     return {"rows": rows, "per_size": per_size, "largest": largest,

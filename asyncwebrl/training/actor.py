@@ -159,10 +159,15 @@ class FSDPActor:
         return list(mbs) + [None] * (n - len(mbs))
 
     @torch.no_grad()
-    def compute_logprobs(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None) -> list[list[float]]:
+    def compute_logprobs(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
+                         pixel_store=None) -> list[list[float]]:
         """Logprobs of each sample's output tokens under the current weights (collective across
-        ranks: every rank must call it, with its own samples)."""
-        pixels = pixels if pixels is not None else [list(s.pixels or []) for s in samples]
+        ranks: every rank must call it, with its own samples). Pixels: given, inline in the samples,
+        or fetched from `pixel_store`; a sample whose pixels are missing is a ValueError here."""
+        if pixels is None:
+            kept, pixels, dropped = fetch_pixels(samples, pixel_store)
+            if dropped:
+                raise ValueError(f"{dropped} of {len(samples)} samples have screenshots missing from the store")
         mbs = self._index_micro_batches(samples)
         out: list[list[float] | None] = [None] * len(samples)
         was_training = self.module.training

@@ -29,7 +29,8 @@ class ActorConfig:
     ppo_n_minibatches: int = 1
     """optimizer steps per training step (the batch is split into this many minibatches)"""
     recompute_logprob: bool = True
-    """recompute pi_prox logprobs with an extra forward pass before the update"""
+    """recompute pi_prox logprobs with an extra forward pass before the update (false: no extra pass,
+    pi_prox comes from the log-linear approximation)"""
     use_decoupled_loss: bool = True
     """decoupled PPO (clip only pi_theta/pi_prox, weight by pi_prox/pi_behave); false = coupled PPO"""
     prox_logp_method: Literal["recompute", "loglinear", "metrics"] = "recompute"
@@ -72,6 +73,21 @@ class ActorConfig:
             raise ValueError("actor.weight_chunked_mem_mb must be >= 1")
         if self.prox_logp_method != "recompute" and not self.use_decoupled_loss:
             raise ValueError("actor.prox_logp_method only matters with actor.use_decoupled_loss=true")
+        if self.prox_logp_method == "metrics" and not self.recompute_logprob:
+            raise ValueError("actor.prox_logp_method=metrics compares against a recompute: needs "
+                             "actor.recompute_logprob=true")
+        if self.mb_max_tokens < 1:
+            raise ValueError("actor.mb_max_tokens must be >= 1")
+        if self.ppo_n_minibatches < 1:
+            raise ValueError("actor.ppo_n_minibatches must be >= 1")
+        if self.max_grad_norm <= 0:
+            raise ValueError("actor.max_grad_norm must be > 0")
+        if self.eps_clip_higher is not None and self.eps_clip_higher <= 0:
+            raise ValueError("actor.eps_clip_higher must be > 0 (or null)")
+        if self.step_normalizer_k < 1:
+            raise ValueError("actor.step_normalizer_k must be >= 1")
+        if self.weight_update_timeout_s <= 0:
+            raise ValueError("actor.weight_update_timeout_s must be > 0")
         if len(self.adam_betas) != 2:
             raise ValueError("actor.adam_betas must hold two numbers")
 

@@ -133,3 +133,30 @@ def test_loglinear_and_metrics_prox_methods_and_coupled_mode_run():
     assert results["metrics"]["prox_approx_abs_err"] > 0
     # coupled PPO: the clip rate IS the coupled clip rate
     assert results["coupled"]["clip_rate"] == results["coupled"]["clip_rate_coupled"]
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_gives_the_same_update_and_bf16_autocast_trains():
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.config import ActorConfig
+
+    out = {}
+    for name, kw in {"plain": {}, "ckpt": dict(gradient_checkpointing=True), "bf16": dict(mixed_precision=True)}.items():
+        torch.manual_seed(0)
+        actor = FSDPActor(ActorConfig(**CFG, **kw))
+        out[name] = actor.train_step(make_samples(actor.adapter, 3))
+    assert out["ckpt"]["loss"] == pytest.approx(out["plain"]["loss"], rel=1e-5)
+    assert out["ckpt"]["grad_norm"] == pytest.approx(out["plain"]["grad_norm"], rel=1e-4)
+    # bf16 compute: same objective to bf16 precision, finite gradients
+    assert out["bf16"]["loss"] == pytest.approx(out["plain"]["loss"], rel=0.1, abs=1e-3)
+    assert 0 < out["bf16"]["grad_norm"] < float("inf")
+
+
+def test_bad_actor_config_is_rejected_before_any_model_loads():
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.config import ActorConfig
+
+    with pytest.raises(ValueError, match="recompute_logprob"):
+        FSDPActor(ActorConfig(path=TINY, prox_logp_method="metrics", recompute_logprob=False))
+    with pytest.raises(ValueError, match="mb_max_tokens"):
+        FSDPActor(ActorConfig(path=TINY, mb_max_tokens=0))
