@@ -175,6 +175,12 @@ class WorkflowExecutor:
                 await asyncio.wait_for(closer(), 30)
             except Exception as e:  # noqa: BLE001
                 log.warning("executor %s: workflow close failed: %r", self.name, e)
+        # stragglers the workflow spawned (cleanup of cancelled episodes): cancel and reap, no leaked tasks
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=10)
 
     # -- control from other threads -----------------------------------------------------------
     def pause(self) -> None:
