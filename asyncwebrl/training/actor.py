@@ -87,7 +87,10 @@ class FSDPActor:
         hf = load_model(self.model_path, cfg.dtype, "cpu")
         hf.config.use_cache = False
         if cfg.gradient_checkpointing:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.hf = hf
         self.module = PolicyWithLossHead(hf)
         self.autocast = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.samples import TrainSample
 
-TINY = str(Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl")
+TINY = os.environ.get("ASYNCWEBRL_TINY_MODEL") or str(Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl")
 
 
 def png(color: tuple[int, int, int], size: tuple[int, int] = (56, 56)) -> bytes:
@@ -43,16 +44,17 @@ def make_samples(adapter, n: int, seed: int = 0, out_len: int = 6, stale: bool =
 
 
 def train_and_report(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, n_samples: int,
-                     n_steps: int) -> dict:
+                     n_steps: int, device: str = "cpu") -> dict:
     """Build an actor, run n_steps train steps on the same samples, return metrics and (rank 0) the
-    full parameters."""
+    full parameters (on the CPU). device="cuda" puts rank r on cuda:r (NCCL)."""
     from asyncwebrl.training.actor import FSDPActor
 
     torch.manual_seed(0)
-    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    dev = f"cuda:{rank}" if device == "cuda" else device
+    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port, device=dev)
     samples = make_samples(actor.adapter, n_samples)
     metrics = [actor.train_step(samples) for _ in range(n_steps)]
-    params = {n: t.clone() for n, t in actor.full_named_parameters()}
+    params = {n: t.detach().cpu().clone() for n, t in actor.full_named_parameters()}
     actor.close()
     return {"metrics": metrics, "params": params if rank == 0 else None}
 
