@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from asyncwebrl.bench.common import print_table, write_result
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.weight_sync import WeightBroadcaster, free_port, post_json
+from asyncwebrl.training.weight_sync import WeightBroadcaster, post_json
 
 # llama-shaped sizes: (hidden, layers, intermediate, heads, kv_heads, vocab)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -99,7 +99,7 @@ class ProtocolReceiver:
         return {"success": True, "message": f"joined {self.group_name} as rank {self.rank}"}
 
     def _receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
-        for name, dt, shape in zip(names, dtypes, shapes):
+        for name, dt, shape in zip(names, dtypes, shapes, strict=False):
             t = self.tensors.get(name)
             if t is None or list(t.shape) != list(shape) or str(t.dtype) != f"torch.{dt}":
                 t = torch.empty(shape, dtype=getattr(torch, dt), device=self.device)

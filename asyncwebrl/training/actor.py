@@ -32,7 +32,12 @@ from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_loss_sum
 from asyncwebrl.training.samples import (
-    TrainSample, build_forward_batch, fetch_pixels, micro_batches, samples_from_groups, shard_for_rank,
+    TrainSample,
+    build_forward_batch,
+    fetch_pixels,
+    micro_batches,
+    samples_from_groups,
+    shard_for_rank,
 )
 
 WRAP = "policy."
@@ -181,7 +186,7 @@ class FSDPActor:
                     self._forward(*self._filler())
                     continue
                 fb, logp, _ = self._forward([samples[i] for i in mb], [pixels[i] for i in mb])
-                for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample)):
+                for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample), strict=False):
                     out[i] = part.tolist()
         finally:
             self.module.train(was_training)
@@ -211,7 +216,7 @@ class FSDPActor:
         local = [shard_for_rank(m, self.rank, self.world_size) for m in minis]
         flat = [s for m in local for s in m]
         kept, pixels, dropped = fetch_pixels(flat, pixel_store)
-        pix_of = {id(s): p for s, p in zip(kept, pixels)}
+        pix_of = {id(s): p for s, p in zip(kept, pixels, strict=False)}
         local = [[s for s in m if id(s) in pix_of] for m in local]
         tokens = self._all_sum([float(sum(len(s.output_ids) for s in m)) for m in local] + [float(dropped)])
         mini_tokens, n_dropped = tokens[:-1], int(tokens[-1])
@@ -222,7 +227,7 @@ class FSDPActor:
         t_prox = time.perf_counter()
         if need_forward:
             flat = [s for m in local for s in m]
-            for s, lp in zip(flat, self.compute_logprobs(flat, [pix_of[id(s)] for s in flat])):
+            for s, lp in zip(flat, self.compute_logprobs(flat, [pix_of[id(s)] for s in flat]), strict=False):
                 s.prox_logprobs = lp
         t_prox = time.perf_counter() - t_prox
 
@@ -326,7 +331,9 @@ class FSDPActor:
         """Restore model, optimizer, step and version from a complete checkpoint; returns its
         extra_state. Collective; every rank passes the same path."""
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
         )
 
         state = ckpt.read_checkpoint(path) if (self.rank == 0 or not self.distributed) else None

@@ -57,4 +57,4 @@ def trajectory_advantages(
     """(trajectory, per-step advantage) for every non-failed trajectory with at least one step."""
     alive = [t for t in group.trajectories if not t.failed and t.steps]
     advs = group_advantages([t.reward for t in alive], group_norm, std_norm)
-    return [(t, a * step_weight(len(t.steps), step_normalizer, step_normalizer_k)) for t, a in zip(alive, advs)]
+    return [(t, a * step_weight(len(t.steps), step_normalizer, step_normalizer_k)) for t, a in zip(alive, advs, strict=False)]

@@ -17,7 +17,8 @@ import os
 import queue
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -59,12 +60,13 @@ def run_ranks(target: Callable[..., Any], world_size: int, args: tuple = (), tim
         while len(out) < world_size:
             try:
                 rank, ok, value = results.get(timeout=1.0)
-            except queue.Empty:
+            except queue.Empty as empty:
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in out and p.exitcode != 0]
                 if dead:
-                    raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                    raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from empty
                 if time.monotonic() > deadline:
-                    raise RankFailed(f"ranks {sorted(set(range(world_size)) - set(out))} not done after {timeout_s:.0f}s")
+                    missing = sorted(set(range(world_size)) - set(out))
+                    raise RankFailed(f"ranks {missing} not done after {timeout_s:.0f}s") from empty
                 continue
             if not ok:
                 raise RankFailed(f"rank {rank} failed:\n{value}")

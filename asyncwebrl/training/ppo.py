@@ -82,7 +82,7 @@ class PPOStats:
     """sum of per-token advantages"""
     extra: dict[str, float] = field(default_factory=dict)
 
-    def add(self, other: "PPOStats") -> None:
+    def add(self, other: PPOStats) -> None:
         for f in fields(self):
             if f.name == "extra":
                 for k, v in other.extra.items():
@@ -96,9 +96,9 @@ class PPOStats:
         return torch.tensor([getattr(self, f.name) for f in fields(self) if f.name != "extra"], dtype=torch.float64)
 
     @classmethod
-    def from_tensor(cls, t: torch.Tensor, w_max: float) -> "PPOStats":
+    def from_tensor(cls, t: torch.Tensor, w_max: float) -> PPOStats:
         names = [f.name for f in fields(cls) if f.name != "extra"]
-        s = cls(**{n: float(v) for n, v in zip(names, t.tolist())})
+        s = cls(**{n: float(v) for n, v in zip(names, t.tolist(), strict=False)})
         s.w_max = w_max
         return s
 

@@ -113,7 +113,7 @@ def fetch_pixels(samples: list[TrainSample], pixel_store) -> tuple[list[TrainSam
     if keys:
         if pixel_store is None:
             raise ValueError("samples reference PixelStore keys but no pixel_store was given")
-        got = dict(zip(keys, pixel_store.get(keys)))
+        got = dict(zip(keys, pixel_store.get(keys), strict=False))
     kept, pixels, dropped = [], [], 0
     for s in samples:
         if s.pixels is not None:
@@ -150,7 +150,7 @@ def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], pixels:
     """Token ids prompt+output, image tensors decoded here (never earlier), and loss-token indices."""
     seqs = [s.prompt_ids + s.output_ids for s in samples]
     images = [adapter.encode_with_images_for_ids(seq, [decode_image(p) for p in pix]) if pix else {}
-              for seq, pix in zip(seqs, pixels)]
+              for seq, pix in zip(seqs, pixels, strict=False)]
     inputs = adapter.collate(seqs, images)
     rows, cols, targets, behave, versions, advs, prox = [], [], [], [], [], [], []
     for i, s in enumerate(samples):

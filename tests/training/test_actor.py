@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from programs import TINY, make_samples, resume_from, train_and_report, uninterrupted
 
 from asyncwebrl.training.checkpoint import latest_complete_checkpoint
 from asyncwebrl.training.launcher import run_ranks
-
-from programs import TINY, make_samples, resume_from, train_and_report, uninterrupted
 
 HERE = str(Path(__file__).parent)
 CFG = dict(path=TINY, lr=1e-3, mb_max_tokens=200)
@@ -26,7 +25,7 @@ CFG = dict(path=TINY, lr=1e-3, mb_max_tokens=200)
 def test_fsdp_two_ranks_match_single_process_update():
     one = run_ranks(train_and_report, 1, (CFG, 6, 2), timeout_s=300)
     two = run_ranks(train_and_report, 2, (CFG, 6, 2), timeout_s=300)
-    for a, b in zip(one[0]["metrics"], two[0]["metrics"]):
+    for a, b in zip(one[0]["metrics"], two[0]["metrics"], strict=False):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["n_tokens"] == a["n_tokens"]
@@ -111,7 +110,7 @@ def test_model_families_train_and_checkpoint_loads_with_load_model(family, tmp_p
     # the update moved the policy: the same tokens now have different logprobs
     after = actor.compute_logprobs(samples[:1], [pix0])[0]
     assert len(after) == len(before) == 3
-    assert max(abs(a - b) for a, b in zip(after, before)) > 1e-6
+    assert max(abs(a - b) for a, b in zip(after, before, strict=False)) > 1e-6
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def test_missing_pixels_are_dropped_and_counted_not_waited_for():
 def test_shards_cover_every_sample_once_and_micro_batches_respect_the_budget():
     g = RolloutGroup("g", "task", [traj(float(i % 2), n_steps=i + 1) for i in range(5)])
     samples = samples_from_groups([g])
-    for s, n in zip(samples, range(len(samples))):
+    for s, n in zip(samples, range(len(samples)), strict=False):
         s.output_ids = [7] * (1 + n % 4)
         s.behave_logprobs = [-1.0] * len(s.output_ids)
         s.versions = [0] * len(s.output_ids)

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from asyncwebrl.training.checkpoint import (
-    complete_checkpoints, latest_complete_checkpoint, read_checkpoint, write_checkpoint,
+    complete_checkpoints,
+    latest_complete_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
 )
 
 WRITER = """

@@ -14,7 +14,7 @@ def reference_loss(logp, prox, behave, adv, mask, p: PPOParams, n_global):
     """SPEC section 6 written token by token with Python floats."""
     eps_hi = p.eps_clip if p.eps_clip_higher is None else p.eps_clip_higher
     total, clipped, clipped_coupled, capped = 0.0, 0, 0, 0
-    for lt, lp, lb, a, m in zip(logp, prox, behave, adv, mask):
+    for lt, lp, lb, a, m in zip(logp, prox, behave, adv, mask, strict=False):
         if not m:
             continue
         if p.use_decoupled_loss:
@@ -147,8 +147,8 @@ def test_micro_batch_split_sums_to_whole_batch_loss():
     parts = PPOStats()
     total = 0.0
     for sl in (slice(0, 13), slice(13, 31), slice(31, 50)):
-        l, st = ppo_loss_sum(logp[sl], prox[sl], behave[sl], adv[sl], mask[sl], PPOParams(), n)
-        total += l.item()
+        part, st = ppo_loss_sum(logp[sl], prox[sl], behave[sl], adv[sl], mask[sl], PPOParams(), n)
+        total += part.item()
         parts.add(st)
     assert total == pytest.approx(whole.item(), rel=1e-12)
     assert parts.finalize() == pytest.approx(st_whole.finalize())
