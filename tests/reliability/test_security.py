@@ -1,0 +1,111 @@
+"""Control endpoints are not open doors: the local PixelStore server and the inference server listen on
+loopback only by default and refuse requests without the right key/token; the network code paths hold
+no unpickling of received data. (Origin confinement of the agent is tested in tests/web/test_safety.py.)"""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import json
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+
+from asyncwebrl.pixelstore.local_store import TOKEN_HEADER, pack_frames, start_local_store
+
+PKG = Path(__file__).resolve().parents[2] / "asyncwebrl"
+
+
+def _listening_addrs(pid: int) -> list[tuple[str, int]]:
+    return [c.laddr for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+def _lan_ip() -> str | None:
+    """A non-loopback address of this machine, if it has one."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_local_pixel_store_binds_loopback_and_needs_its_token():
+    client = start_local_store(1 << 20, put_timeout_s=2.0)
+    srv = client.server
+    try:
+        addrs = _listening_addrs(srv.proc.pid)
+        assert addrs and all(a.ip == "127.0.0.1" for a in addrs), addrs
+        ip = _lan_ip()
+        if ip is not None:
+            with pytest.raises(OSError):
+                socket.create_connection((ip, srv.port), timeout=2).close()
+        key = client.put(b"secret screenshot")
+        for headers in ({}, {TOKEN_HEADER: "wrong"}, {TOKEN_HEADER: srv.token[:-1]}):
+            status, body = _post(srv.port, "/get", json.dumps({"keys": [key]}).encode(), headers)
+            assert status == 401 and b"secret" not in body
+            assert _post(srv.port, "/put_batch", pack_frames([b"x"]), headers)[0] == 401
+            assert _post(srv.port, "/free", json.dumps({"keys": [key]}).encode(), headers)[0] == 401
+        assert client.get([key]) == [b"secret screenshot"]  # the refused free did nothing
+        # garbage from a holder of the token is a 400, not a crash
+        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token})
+        assert status == 400
+        assert client.get([key]) == [b"secret screenshot"]
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_inference_server_binds_loopback_by_default(tmp_path):
+    from asyncwebrl.inference.config import InferenceConfig
+    from asyncwebrl.models.prepare import resolve_model_path
+    from asyncwebrl.scheduling.servers import launch_server
+
+    assert InferenceConfig().host == "127.0.0.1"
+    srv = launch_server(model=resolve_model_path("tiny-qwen2.5-vl"), api_key="k3y", log_dir=tmp_path,
+                        startup_timeout=300)
+    try:
+        pids = [srv.proc.pid] + [c.pid for c in psutil.Process(srv.proc.pid).children(recursive=True)]
+        addrs = [a for p in pids for a in _listening_addrs(p)]
+        assert addrs and all(a.ip == "127.0.0.1" for a in addrs), addrs
+        port = int(srv.address.rsplit(":", 1)[1])
+        assert _post(port, "/update_weight_version", b'{"weight_version": "9"}', {})[0] == 401
+        assert _post(port, "/update_weights_from_disk", b'{"model_path": "/"}', {"Authorization": "Bearer no"})[0] == 401
+        status, body = _post(port, "/update_weight_version", b'{"weight_version": "9"}',
+                             {"Authorization": "Bearer k3y"})
+        assert status in (200, 400) and b"API key" not in body  # with the key the request is heard
+    finally:
+        srv.stop()
+
+
+# Modules that receive bytes from a network peer (HTTP bodies, PixelStore frames, rollout records).
+NETWORK_MODULES = ["inference/server.py", "inference/client.py", "inference/protocol.py", "inference/weight_sync.py",
+                   "pixelstore/local_store.py", "pixelstore/store.py", "pixelstore/ray_store.py",
+                   "training/weight_sync.py", "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
+UNSAFE = {("pickle", "loads"), ("pickle", "load"), ("cloudpickle", "loads"), ("torch", "load"), ("dill", "loads"),
+          ("marshal", "loads"), ("yaml", "load"), ("numpy", "load"), ("np", "load")}
+
+
+def test_network_code_paths_never_unpickle():
+    found = []
+    for rel in NETWORK_MODULES:
+        tree = ast.parse((PKG / rel).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in UNSAFE:
+                found.append(f"{rel}:{node.lineno} {node.func.value.id}.{node.func.attr}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{rel}:{node.lineno} import {n}" for n in names if n in ("pickle", "cloudpickle", "dill")]
+    assert not found, found
