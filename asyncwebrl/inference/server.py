@@ -242,7 +242,10 @@ class InferenceServer:
             group = self.groups.pop(req.group_name, None)
             if group is None:
                 raise ProtocolError(f"no weight update group '{req.group_name}'")
-            await self._run(group.destroy)
+            try:  # the group is dropped either way; a peer that vanished must not hang the call
+                await asyncio.wait_for(self._run(group.destroy), timeout=min(30.0, self.weight_sync_timeout_s))
+            except TimeoutError:
+                return web.json_response(ok(f"dropped group '{req.group_name}' (its shutdown timed out)"))
         return web.json_response(ok(f"destroyed group '{req.group_name}'"))
 
     async def update_weights_from_disk(self, req, request) -> web.Response:

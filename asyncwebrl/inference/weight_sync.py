@@ -11,7 +11,8 @@ Invariants:
   dtype and shape match (no extra full copy); otherwise into a bucket-sized scratch and copied;
 - a bucket whose announcement does not match the model (unknown name, wrong shape) is still drained
   from the group (so the trainer's broadcasts complete) and then rejected without touching weights;
-- every collective has a timeout: a dead trainer surfaces as an error, never a hang.
+- every collective has a timeout: a dead trainer surfaces as an error, never a hang (gloo: an HTTP
+  error; NCCL: its watchdog tears the server process down, as it does in SGLang).
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ class WeightUpdateGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
-        work = self.pg.broadcast([buf], opts)
+        if buf.is_cuda:
+            with torch.cuda.device(buf.device):  # NCCL launches on the current device's stream
+                work = self.pg.broadcast([buf], opts)
+        else:
+            work = self.pg.broadcast([buf], opts)
         if not work.wait(self.timeout):
             raise TimeoutError(f"broadcast in group '{self.name}' timed out after {self.timeout}")
 
     def destroy(self) -> None:
         try:
-            if hasattr(self.pg, "shutdown"):
+            if self.backend == "nccl" and hasattr(self.pg, "abort"):
+                self.pg.abort()  # local; NCCL's shutdown() waits for every rank to finalize its side
+            elif hasattr(self.pg, "shutdown"):
                 self.pg.shutdown()
         except Exception:  # a group whose peer already died may fail to shut down cleanly
             log.warning("shutdown of group %s failed", self.name, exc_info=True)

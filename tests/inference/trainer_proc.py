@@ -46,29 +46,40 @@ def main() -> None:
     ap.add_argument("--group", default="weight_update_group")
     ap.add_argument("--version", default="1")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--device", default="cpu", help="where the trainer's copy lives (cuda:N for nccl)")
+    ap.add_argument("--dtype", default="float32", help="the trainer's parameter dtype (= the server's)")
     args = ap.parse_args()
     timeout = datetime.timedelta(seconds=120)
 
     t, init = in_thread(f"{args.server}/init_weights_update_group", {
         "master_address": "127.0.0.1", "master_port": args.port, "rank_offset": 1, "world_size": 2,
-        "group_name": args.group, "backend": "gloo"})
+        "group_name": args.group, "backend": args.backend})
     store = dist.TCPStore("127.0.0.1", args.port, 2, is_master=True, timeout=timeout)
-    pg = dist.ProcessGroupGloo(dist.PrefixStore(args.group, store), 0, 2, timeout)
+    prefix = dist.PrefixStore(args.group, store)
+    if args.backend == "gloo":
+        pg = dist.ProcessGroupGloo(prefix, 0, 2, timeout)
+    else:
+        torch.cuda.set_device(torch.device(args.device))
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(prefix, 0, 2, opts)
     t.join()
     assert init.get("success"), init
 
-    model = load_model(args.model)
+    model = load_model(args.model, args.dtype, args.device)
     gen = torch.Generator().manual_seed(args.seed)
     params = list(model.named_parameters())
     with torch.no_grad():
         for _, p in params:
-            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+            p.add_((torch.randn(p.shape, generator=gen) * 0.02).to(p.device, p.dtype))
         params[0][1].copy_(params[0][1].bfloat16().float())  # exactly representable in bf16
     buckets = [params[: len(params) // 2], params[len(params) // 2:]]
     replies = []
     for i, bucket in enumerate(buckets):
         last = i == len(buckets) - 1
-        dtypes = ["bfloat16" if (i == 0 and j == 0) else "float32" for j in range(len(bucket))]
+        dtypes = ["bfloat16" if (i == 0 and j == 0) else str(p.dtype).removeprefix("torch.")
+                  for j, (_, p) in enumerate(bucket)]
         body = {"names": [n for n, _ in bucket], "dtypes": dtypes, "shapes": [list(p.shape) for _, p in bucket],
                 "group_name": args.group, "flush_cache": True, "abort_all_requests": False}
         if last:
@@ -79,6 +90,8 @@ def main() -> None:
         for (_, p), dt in zip(bucket, dtypes, strict=True):
             buf = p.detach().to(getattr(torch, dt)).contiguous()
             pg.broadcast([buf], opts).wait()
+        if buf.is_cuda:
+            torch.cuda.synchronize(buf.device)
         t.join()
         replies.append(reply)
     t, destroy = in_thread(f"{args.server}/destroy_weights_update_group", {"group_name": args.group})
