@@ -22,6 +22,7 @@ from typing import Any
 
 from asyncwebrl.config import RunConfig, save_resolved
 from asyncwebrl.controller.rundir import RunDir
+from asyncwebrl.controller.supervisor import Supervisor
 
 log = logging.getLogger("asyncwebrl")
 
@@ -81,6 +82,9 @@ class Controller:
         self.run = run
         self.state = LoopState()
         self.ckpt_root = run.root / "checkpoints"
+        self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
+        self.step_hooks: list[Any] = []
+        """callables hook(controller) run at the start of every step (fault injection, probes)"""
 
     # ---- resume -------------------------------------------------------------------------------
     def maybe_resume(self, ckpt: Path | None) -> None:
@@ -116,7 +120,8 @@ class Controller:
 
         from asyncwebrl.inference.client import InferenceClient
 
-        client = InferenceClient(self.sys.server_addresses, api_key=self.cfg.inference.api_key,
+        live = [a for a in self.sys.server_addresses if a not in self.supervisor.dropped]
+        client = InferenceClient(live, api_key=self.cfg.inference.api_key,
                                  timeout_s=self.cfg.actor.weight_update_timeout_s)
 
         async def go():
@@ -160,6 +165,8 @@ class Controller:
     def step(self) -> dict[str, Any]:
         cfg, st, run = self.cfg, self.state, self.run
         B = cfg.rollout.consumer_batch_size
+        for hook in self.step_hooks:
+            hook(self)
         t0 = run.now()
         groups = self.sys.rollout.prepare_batch(B, st.version)
         t1 = run.now()
@@ -171,6 +178,7 @@ class Controller:
         metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store)
         t2 = run.now()
         run.log_phase(st.step, "train", t1, t2)
+        server_events = self.supervisor.check(st.step)  # no broadcast to a dead server
         sync_info = self._push_weights(st.version + 1)
         t3 = run.now()
         run.log_phase(st.step, "weight_sync", t2, t3)
@@ -212,6 +220,9 @@ class Controller:
             "checkpoint_s": ckpt_s,
             "duplicates": st.duplicates,
             "wall_time_s": elapsed,
+            "servers_restarted": sum(e.action == "restarted" for e in self.supervisor.events),
+            "servers_dropped": len(self.supervisor.dropped),
+            "server_recovery_s": max((e.recovery_s for e in server_events), default=0.0),
         }
         if isinstance(sync_info, dict):
             out.update({f"sync_{k}": v for k, v in sync_info.items() if isinstance(v, (int, float))})

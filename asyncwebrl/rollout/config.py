@@ -28,6 +28,8 @@ class RolloutConfig:
     """sync mode: relaunch browser sessions every round (the WebGym cost the async pool removes)"""
     batch_timeout_s: float = 3600.0
     """prepare_batch waits at most this long for a batch before raising (a dead pool never hangs the trainer)"""
+    restart_dead_servers: bool = False
+    """the controller restarts a train-rollout server found dead at a step and re-joins it to the weight group (else training goes on without it)"""
 
     @property
     def concurrency(self) -> int:

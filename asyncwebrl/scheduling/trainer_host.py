@@ -43,6 +43,9 @@ class TrainerRank:
             return
         from asyncwebrl.training.weight_sync import WeightBroadcaster
 
+        if self.broadcaster is not None:  # re-forming the group (a server died or came back): drop the old one
+            self.broadcaster.close()
+            self.broadcaster = None
         self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port)
         self.broadcaster.init_group()
 
