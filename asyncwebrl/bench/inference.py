@@ -144,6 +144,7 @@ def main(overrides: list[str]) -> int:
         tmp = tempfile.mkdtemp(prefix="asyncwebrl-randmodel-")
         model = make_random_model(model.split(":", 1)[1], tmp, cfg["dtype"])
     levels = [int(c) for c in cfg["concurrency"]]
+    load_before = os.getloadavg()[0]
     prompts, images = build_prompts(model, 16)
     log_path = os.path.join(tempfile.gettempdir(), f"asyncwebrl-bench-inference-{os.getpid()}.log")
     srv = start_server_subprocess(model, device=cfg["device"], dtype=cfg["dtype"],
@@ -178,7 +179,8 @@ def main(overrides: list[str]) -> int:
             figures[f"speedup_c{c}_over_c1"] = round(by_c[c]["tokens_per_s"] / base["tokens_per_s"], 2)
     figures["prompt_tokens"] = len(prompts[0])
     config = {**cfg, "model": cfg["model"], "server": "hf (subprocess, HTTP)", "image": "160x210 PNG",
-              "note": "tokens/s of generated tokens; CPU runs share cores between server and client"}
+              "note": "tokens/s of generated tokens; CPU runs share cores between server and client",
+              "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     write_result(cfg["name"], config, figures)
     headline = ", ".join(f"c{c}/c1 = {figures[f'speedup_c{c}_over_c1']}x" for c in levels if c != 1 and base)
     print_table(rows, f"hf server tokens/s speedup over one-at-a-time: {headline}")
