@@ -99,16 +99,19 @@ class ProtocolReceiver:
         return {"success": True, "message": f"joined {self.group_name} as rank {self.rank}"}
 
     def _receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
-        for name, dt, shape in zip(names, dtypes, shapes, strict=False):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        works = []
+        for name, dt, shape in zip(names, dtypes, shapes, strict=True):
             t = self.tensors.get(name)
             if t is None or list(t.shape) != list(shape) or str(t.dtype) != f"torch.{dt}":
                 t = torch.empty(shape, dtype=getattr(torch, dt), device=self.device)
                 self.tensors[name] = t
                 if name not in self.order:
                     self.order.append(name)
-            opts = dist.BroadcastOptions()
-            opts.rootRank, opts.rootTensor = 0, 0
-            self.pg.broadcast([t], opts).wait()
+            works.append(self.pg.broadcast([t], opts))
+        for w in works:
+            w.wait()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -110,7 +110,9 @@ class FSDPActor:
             for layer in _decoder_layers(hf):
                 fully_shard(layer, mesh=mesh, mp_policy=mp)
             fully_shard(self.module, mesh=mesh, mp_policy=mp)
-            self.module.set_reduce_scatter_unused_params(True)  # text-only batches skip the vision tower
+            if hasattr(self.module, "set_reduce_scatter_unused_params"):  # torch >= 2.12
+                # a text-only micro-batch skips the vision tower on one rank but not on another
+                self.module.set_reduce_scatter_unused_params(True)
         else:
             self.module.to(self.device)
             self.autocast = cfg.mixed_precision

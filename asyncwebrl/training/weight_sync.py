@@ -199,14 +199,20 @@ class WeightBroadcaster:
             return dist.ProcessGroupNCCL(prefix, 0, self.world_size, opts)
         return dist.ProcessGroupGloo(prefix, 0, self.world_size, timeout)
 
-    def _bcast(self, t: torch.Tensor, deadline: float) -> None:
+    def _bcast_all(self, tensors: list[torch.Tensor], deadline: float) -> None:
+        """Issue one broadcast per tensor (in order) and wait for all of them once: a host sync per
+        tensor would serialize hundreds of small launches (NCCL) or round trips (gloo)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
         opts.timeout = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
-        work = self.pg.broadcast([t], opts)
-        if not work.wait(opts.timeout):
-            raise WeightSyncError("broadcast did not complete before the deadline")
+        works = [self.pg.broadcast([t], opts) for t in tensors]
+        for w in works:
+            left = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
+            if not w.wait(left):
+                raise WeightSyncError("broadcast did not complete before the deadline")
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _prepare(self, t: torch.Tensor) -> torch.Tensor:
         if t.device != self.device:
@@ -237,9 +243,8 @@ class WeightBroadcaster:
                     c.start()
                 if self.device.type == "cuda":
                     torch.cuda.current_stream().synchronize()
-                for t in tensors:
-                    self._bcast(t, deadline)
-                    nbytes += t.numel() * t.element_size()
+                self._bcast_all(tensors, deadline)
+                nbytes += sum(t.numel() * t.element_size() for t in tensors)
                 for c in calls:
                     c.join_or_raise(deadline)
         except BaseException as e:
@@ -258,8 +263,7 @@ class WeightBroadcaster:
             torch.cuda.synchronize(self.device)
         self._barrier(deadline)
         t0 = time.perf_counter()
-        for t in tensors:
-            self._bcast(t, deadline)
+        self._bcast_all(tensors, deadline)
         self._barrier(deadline)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
