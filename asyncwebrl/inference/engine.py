@@ -7,8 +7,10 @@ sequence together, one token per step. Finished sequences leave the batch at onc
 requests take their places: continuous batching.
 
 Invariants:
-- every generated token carries the logprob of the RAW logits (log_softmax at temperature 1,
-  before top-k/top-p/min-p) and the weight version current at the step that produced it;
+- every generated token carries the logprob of the temperature-scaled logits (log_softmax(logits / T),
+  before top-k/top-p/min-p; raw logits when T is 0 or 1), as SGLang reports it, so the trainer, which
+  scales its logits by the same T, computes the same quantity; and the weight version current at the
+  step that produced it;
 - all model access (forward, weight writes) happens under `self.lock`; `pause()` returns only after
   the step in progress has finished, so a weight update never races a forward pass;
 - a paused engine keeps its queued and running requests; they continue after `resume()` (on the new
@@ -361,7 +363,8 @@ class HFEngine:
         Returns whether the (single) request of a prefill already finished."""
         # sampling runs on the CPU: one transfer per step instead of a device sync per row
         logits = logits.float().cpu()
-        logprobs = torch.log_softmax(logits, dim=-1)
+        temps = torch.tensor([r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in reqs])
+        logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
         any_done = False
         for i, r in enumerate(reqs):
             tok = self._sample(logits[i], r)

@@ -53,11 +53,13 @@ def _text_ids(engine, text):
     return ad.encode(ad.chat_text([{"role": "user", "content": [{"type": "text", "text": text}]}])).input_ids
 
 
-def _teacher_forced(engine, prompt, output, image=None):
+def _teacher_forced(engine, prompt, output, image=None, temperature=1.0):
+    """Teacher-forced logprobs at the sampling temperature (what the trainer computes)."""
     ad = engine.adapter
     imgs = ad.encode_with_images_for_ids(prompt, [image] if image is not None else [])
     with torch.no_grad():
-        lp = engine.model(**ad.collate([prompt + output], [imgs])).logits[0].float().log_softmax(-1)
+        logits = engine.model(**ad.collate([prompt + output], [imgs])).logits[0].float()
+        lp = (logits / temperature).log_softmax(-1)
     return [float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(output)]
 
 
@@ -72,9 +74,9 @@ def test_logprobs_equal_teacher_forced_forward_batched_padded_and_with_image(eng
             _req(prompts[1], 14, temperature=1.0, top_k=20, ignore_eos=True),
             _req(prompts[2], 12, image=img, temperature=0.7, ignore_eos=True)]
     outs = _run(engine, reqs)
-    for p, o, im in zip(prompts, outs, [None, None, img], strict=True):
+    for p, o, im, t in zip(prompts, outs, [None, None, img], [0.8, 1.0, 0.7], strict=True):
         assert o.finish_reason["type"] == "length" and len(o.output_ids) == len(o.logprobs)
-        ref = _teacher_forced(engine, p, o.output_ids, im)
+        ref = _teacher_forced(engine, p, o.output_ids, im, temperature=t)
         assert max(abs(a - b) for a, b in zip(ref, o.logprobs, strict=True)) < 1e-3
     assert engine.stats["errors"] == 0
 
