@@ -20,6 +20,7 @@ BENCHMARKS = {
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+    "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
 }
 
 
@@ -103,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     s.add_argument("--max-batch-size", type=int, default=32)
     s.add_argument("--max-context-len", type=int, default=4096)
+    s.add_argument("--threads", type=int, default=0, help="torch threads of a CPU server (0 = 1)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--weight-version", default="0", help="initial weight version")
+    s.add_argument("--weight-sync-timeout", type=float, default=120.0,
+                   help="seconds before a weight-update group join or broadcast fails")
     s.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (or the base model) on a task set")

@@ -12,7 +12,6 @@ safe to call after a partial build (a failure half-way leaves no process behind)
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,11 +125,10 @@ class System:
 
 
 def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str) -> dict[str, Any]:
-    cpu = cfg.cluster.n_gpus_per_node == 0
     return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
                 max_batch_size=cfg.inference.max_batch_size, log_dir=run.root / "logs",
                 startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
-                cpu_threads=os.cpu_count() if cpu else None)
+                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s)
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:

@@ -326,12 +326,13 @@ def serve_main(args: argparse.Namespace) -> int:
         max_context_len=getattr(args, "max_context_len", 4096),
         seed=getattr(args, "seed", 0),
         weight_version=str(getattr(args, "weight_version", "0")),
-        cpu_threads=default_cpu_threads(getattr(args, "device", "cpu")),
+        cpu_threads=getattr(args, "threads", 0) or default_cpu_threads(getattr(args, "device", "cpu")),
     )
     engine.start()
     server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
     srv = InferenceServer(engine, api_key=args.api_key, server_args=server_args,
-                          weight_sync_timeout_s=float(os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
+                          weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", 0)
+                                                      or os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
