@@ -140,3 +140,21 @@ def test_round_trip_to_two_receivers_is_bit_exact_for_mixed_dtypes():
         bc.close()
     finally:
         stop_receivers(procs)
+
+
+@pytest.mark.slow
+def test_checkpoint_is_hot_loadable_by_the_server_from_disk(server, tmp_path):
+    """Disk mode (test rollout): the newest complete checkpoint loads via /update_weights_from_disk."""
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.checkpoint import latest_complete_checkpoint
+
+    torch.manual_seed(0)
+    actor = FSDPActor(ActorConfig(path=TINY, lr=1e-2))
+    actor.train_step(make_samples(actor.adapter, 2))
+    actor.save_checkpoint(tmp_path, {"pos": 1})
+    path = latest_complete_checkpoint(tmp_path)
+    body = http(server, "/update_weights_from_disk", {"model_path": str(path), "weight_version": actor.version})
+    assert body["success"], body
+    served = http(server, "/weights_checksum")
+    assert served["sha256"] == params_checksum(actor.full_named_parameters())
+    assert served["weight_version"] == str(actor.version)
