@@ -92,7 +92,8 @@ class Controller:
         the servers serve its weights before any rollout is tagged with its version."""
         if ckpt is None:
             return
-        meta = self.sys.trainer.load_checkpoint(str(ckpt))
+        self.sys.trainer.load_checkpoint(str(ckpt))  # returns the extra state; step/version are on disk
+        meta = json.loads((ckpt / "trainer_state.json").read_text())
         self.state.version = int(meta["version"])
         self.state.step = int(meta["step"])
         self._push_weights(self.state.version)
