@@ -65,7 +65,16 @@ class RunConfig:
     pixelstore: PixelStoreConfig = field(default_factory=PixelStoreConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
 
+    def __post_init__(self) -> None:
+        if self.actor.temperature is None:
+            self.actor.temperature = self.gconfig.temperature
+
     def validate(self) -> None:
+        if self.actor.temperature != self.gconfig.temperature and self.gconfig.temperature > 0:
+            raise ConfigError(
+                f"actor.temperature ({self.actor.temperature}) differs from gconfig.temperature "
+                f"({self.gconfig.temperature}): the trainer's logprobs must use the sampling temperature"
+            )
         try:
             alloc = parse_allocation_mode(self.allocation_mode)
         except AllocationModeError as e:

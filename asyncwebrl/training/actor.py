@@ -46,15 +46,18 @@ WRAP = "policy."
 class PolicyWithLossHead(nn.Module):
     """The HF model, with a forward that returns token logprobs (and entropy) at chosen positions only."""
 
-    def __init__(self, hf: nn.Module):
+    def __init__(self, hf: nn.Module, temperature: float | None = 1.0):
         super().__init__()
         self.policy = hf
+        # logprobs of the sampling distribution: the servers report log_softmax(logits / T) (SGLang's
+        # convention), so pi_theta and pi_prox must be taken at the same T for the ratios to mean anything
+        self.temperature = temperature if temperature and temperature > 0 else 1.0
 
     def forward(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor, cols: torch.Tensor,
                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         base = getattr(self.policy, self.policy.base_model_prefix)
         hidden = base(**inputs, use_cache=False).last_hidden_state
-        logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float()
+        logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float() / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1).clone()  # FSDP hooks dislike views
         with torch.no_grad():
@@ -97,7 +100,7 @@ class FSDPActor:
             else:
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.hf = hf
-        self.module = PolicyWithLossHead(hf)
+        self.module = PolicyWithLossHead(hf, cfg.temperature)
         self.autocast = False
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh

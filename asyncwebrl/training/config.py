@@ -28,6 +28,8 @@ class ActorConfig:
     """micro-batch token budget of one forward/backward"""
     ppo_n_minibatches: int = 1
     """optimizer steps per training step (the batch is split into this many minibatches)"""
+    temperature: float | None = None
+    """temperature of the trainer's logprobs; None = gconfig.temperature (must match generation)"""
     recompute_logprob: bool = True
     """recompute pi_prox logprobs with an extra forward pass before the update (false: no extra pass,
     pi_prox comes from the log-linear approximation)"""
