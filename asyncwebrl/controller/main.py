@@ -233,6 +233,9 @@ class Controller:
     def train(self, resume_from: Path | None = None) -> dict[str, Any]:
         cfg = self.cfg
         self.maybe_resume(resume_from)
+        if self.sys.test_rollout is not None and resume_from is None:
+            # version 0 on disk, so evaluation has the starting point to compare every later version with
+            self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
         self.sys.start_rollout()
         bar = None
         if cfg.stats.progress_bar:
@@ -293,12 +296,23 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
         summary["setup_s"] = setup_s
         if system.test_rollout is not None:
             system.test_rollout.evaluate_latest_blocking(timeout_s=600)
-            summary["eval"] = [r for r in _eval_records(run.root)]
+            evals = sorted(_eval_records(run.root), key=lambda r: r["version"])
+            summary["eval"] = evals
+            if evals:
+                summary["eval_first"] = evals[0]["success_rate"]
+                summary["eval_last"] = evals[-1]["success_rate"]
+                summary["eval_gain"] = summary["eval_last"] - summary["eval_first"]
         run.write_summary(summary)
         run.log_metrics("summary", ctl.state.step, {k: v for k, v in summary.items() if not isinstance(v, list)})
     finally:
         system.shutdown()
         run.close()
+    if cfg.stats.results_name:
+        from asyncwebrl.bench.common import write_result
+        from asyncwebrl.configtree import to_dict
+
+        figures = dict(summary, run_time_s=summary["wall_time_s"] + summary["setup_s"], run_dir=str(run.root))
+        write_result(cfg.stats.results_name, to_dict(cfg), figures)
     _print_summary(cfg, run.root, summary)
     return summary
 
