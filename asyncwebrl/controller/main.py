@@ -284,7 +284,10 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
     from asyncwebrl.controller.system import build_system
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=cfg.stats.tensorboard, seed=cfg.seed)
+    from asyncwebrl.configtree import to_dict
+
+    run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=cfg.stats.tensorboard, seed=cfg.seed,
+                 wandb_project=cfg.stats.wandb_project, config=to_dict(cfg))
     save_resolved(cfg, run.root)
     resume_from, resume_version = find_resume(cfg, run.root)
     t0 = time.monotonic()
@@ -309,7 +312,6 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
         run.close()
     if cfg.stats.results_name:
         from asyncwebrl.bench.common import write_result
-        from asyncwebrl.configtree import to_dict
 
         figures = dict(summary, run_time_s=summary["wall_time_s"] + summary["setup_s"], run_dir=str(run.root))
         write_result(cfg.stats.results_name, to_dict(cfg), figures)

@@ -34,7 +34,8 @@ from typing import Any
 
 
 class RunDir:
-    def __init__(self, root: Path, keep_episodes: int = 64, tensorboard: bool = True, seed: int = 0):
+    def __init__(self, root: Path, keep_episodes: int = 64, tensorboard: bool = True, seed: int = 0,
+                 wandb_project: str | None = None, config: dict[str, Any] | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "episodes").mkdir(exist_ok=True)
@@ -52,6 +53,14 @@ class RunDir:
                 self._tb = SummaryWriter(str(self.root / "tb"))
             except Exception:  # tensorboard is optional at run time
                 self._tb = None
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise RuntimeError("stats.wandb_project is set but wandb is not installed: pip install "
+                                   "'asyncwebrl[wandb]'") from e
+            self._wandb = wandb.init(project=wandb_project, name=self.root.name, dir=str(self.root), config=config)
 
     def _load_kept(self) -> list[str]:
         idx = self.root / "episodes" / "index.jsonl"
@@ -75,6 +84,9 @@ class RunDir:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(f"{kind}/{k}", v, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({f"{kind}/{k}": v for k, v in figures.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)
 
     def log_phase(self, step: int, phase: str, start: float, end: float) -> None:
         """start/end as returned by `now()`."""
@@ -152,6 +164,8 @@ class RunDir:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
