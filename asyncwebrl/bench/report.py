@@ -31,7 +31,7 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench inference"),
     ("inference_gpu", [("tokens_per_s_c1", "tokens/s at c=1"), ("tokens_per_s_c32", "tokens/s at c=32"),
                        ("speedup_c8_over_c1", "c8/c1"), ("model", "model")],
-     "asyncwebrl bench inference device=cuda model=PATH out=inference_gpu"),
+     "asyncwebrl bench inference device=cuda dtype=bfloat16 model=random:qwen2.5-vl-3b requests=64 max_new_tokens=32 name=inference_gpu"),
     ("env", [("overhead", "overhead vs raw Playwright (1 - ours/raw)"), ("pss_mb_per_session", "PSS MB per session")],
      "asyncwebrl bench env"),
     ("pixels", [("object_store_bytes_per_step", "object-store bytes/step (store)"),
@@ -40,8 +40,6 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench pixels"),
     ("weightsync", [("ratio_over_floor", "refresh / raw broadcast (largest)"), ("largest", "largest model")],
      "asyncwebrl bench weightsync"),
-    ("weightsync_gpu", [("ratio_over_floor", "refresh / raw broadcast (largest)"), ("largest", "largest model")],
-     "asyncwebrl bench weightsync device=cuda backend=nccl out=weightsync_gpu"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"), ("episodes", "episodes")],
      "asyncwebrl bench soak"),
 ]
