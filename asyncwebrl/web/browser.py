@@ -159,6 +159,29 @@ class BrowserSession:
 
     async def _route(self, route) -> None:
         ok, reason = self.policy.permits(route.request.url)
+        if ok and route.request.is_navigation_request():
+            # Playwright routes only the first URL of a redirect chain: fetch navigations without
+            # following redirects, and check each Location against the policy before the browser goes there
+            # (the browser follows a fulfilled redirect unrouted too, so the whole chain is walked first)
+            from urllib.parse import urljoin
+
+            resp = hop = await route.fetch(max_redirects=0)
+            url = route.request.url
+            for _ in range(10):
+                location = hop.headers.get("location") if 300 <= hop.status < 400 else None
+                if location is None:
+                    break
+                url = urljoin(url, location)
+                ok, reason = self.policy.permits(url)
+                if not ok:
+                    route = _RedirectRefusal(route, url)
+                    break
+                hop = await route.fetch(url=url, method="GET", max_redirects=0)
+            else:
+                ok, reason = False, "more than 10 redirects"
+            if ok:
+                await route.fulfill(response=resp)
+                return
         if ok:
             await route.continue_()
         else:
@@ -170,6 +193,29 @@ class BrowserSession:
                 pass
             log.debug("blocked %s: %s", route.request.url, reason)
             await route.abort("blockedbyclient")
+
+
+class _RedirectRefusal:
+    """A route whose redirect target was refused: reported (and blocked) under the target's URL."""
+
+    def __init__(self, route, target: str):
+        self._route, self.target = route, target
+        self.request = _RequestAs(route.request, target)
+
+    async def abort(self, code: str) -> None:
+        await self._route.abort(code)
+
+
+class _RequestAs:
+    def __init__(self, request, url: str):
+        self._request, self.url = request, url
+
+    def is_navigation_request(self) -> bool:
+        return self._request.is_navigation_request()
+
+    @property
+    def frame(self):
+        return self._request.frame
 
 
 class BrowserPool:
