@@ -115,7 +115,8 @@ class Injector:
             time.sleep(1.0)
             in_flight = _in_flight(rollout)
             before = _browser_pids(shell)
-            fig["failed_before"] = rollout.stats()["failed_trajectories"]
+            st0 = rollout.stats()
+            fig["failed_before"] = (st0["failed_trajectories"], st0["failed_rollouts"])
             for pid in before:
                 os.kill(pid, signal.SIGKILL)
             fig["killed_pids"] = len(before)
@@ -132,7 +133,8 @@ class Injector:
         names = [n for n in ray.util.list_named_actors() if str(n).startswith("awrl-pixelstore-")]
         assert names, "no PixelStore actor to kill"
         handle = ray.get_actor(names[0])
-        self.failed_at_store_kill = ctl.sys.rollout.stats()["failed_trajectories"]
+        st0 = ctl.sys.rollout.stats()
+        self.failed_at_store_kill = (st0["failed_trajectories"], st0["failed_rollouts"])
         before = ray.get(handle.stats.remote(), timeout=30)
         ray.kill(handle, no_restart=False)
         fig = self.figures["pixelstore_kill"] = {"keys_before": before["items"]}
@@ -191,8 +193,13 @@ def test_browser_pixelstore_and_server_die_during_training(tmp_path):
         # (1) the browser came back; the episodes it killed are reported failed, not lost
         b = inj.figures["browser_kill"]
         assert b["relaunched"], b
-        b["failed_trajectories"] = inj.failed_at_store_kill - b.pop("failed_before")
-        assert b["failed_trajectories"] >= 1, b  # the episodes it killed are reported, not silently lost
+        (ft0, fr0), (ft1, fr1) = b.pop("failed_before"), inj.failed_at_store_kill
+        # the episodes it killed are reported failed (a group whose every episode failed is reported as
+        # one failed rollout of n_samples episodes), never silently lost
+        b["failed_trajectories"] = ft1 - ft0
+        b["failed_rollouts"] = fr1 - fr0
+        b["trajectories_destroyed_by_fault"] = b["failed_trajectories"] + b["failed_rollouts"] * cfg.gconfig.n_samples
+        assert b["trajectories_destroyed_by_fault"] >= 1, b
         # (2) the PixelStore actor restarted; samples whose pixels died with it were dropped and counted
         p = inj.figures["pixelstore_kill"]
         assert p["restarted"], p
