@@ -65,6 +65,21 @@ class PolicyWithLossHead(nn.Module):
         return logp, entropy
 
 
+VISION_PARTS = ("vision_model.", "connector.", "visual.", "vision_tower.", "multi_modal_projector.")
+
+
+def freeze_vision(hf: nn.Module) -> int:
+    """Stop gradients into the vision tower and the vision-to-text connector; returns how many tensors.
+    The default model's vision side is random-init: policy-gradient updates on it only inflate the image
+    embeddings the language model reads (measured: the policy collapsed to unparsable output in 4 steps)."""
+    n = 0
+    for name, p in hf.named_parameters():
+        if any(part in name for part in VISION_PARTS):
+            p.requires_grad_(False)
+            n += 1
+    return n
+
+
 def _decoder_layers(hf: nn.Module) -> list[nn.Module]:
     dec = hf.get_decoder() if hasattr(hf, "get_decoder") else None
     layers = getattr(dec, "layers", None)
@@ -99,6 +114,7 @@ class FSDPActor:
                 hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.n_frozen = freeze_vision(hf) if cfg.freeze_vision else 0
         self.hf = hf
         self.module = PolicyWithLossHead(hf, cfg.temperature)
         self.autocast = False
@@ -120,7 +136,7 @@ class FSDPActor:
             self.module.to(self.device)
             self.autocast = cfg.mixed_precision
         self.optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
+            [p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
         )
         self.ppo = PPOParams(
             eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, use_decoupled_loss=cfg.use_decoupled_loss,

@@ -14,6 +14,8 @@ class ActorConfig:
     """parameter dtype of the trainer"""
     mixed_precision: bool = False
     """FSDP mixed precision: bf16 params for compute, fp32 gradient reduction"""
+    freeze_vision: bool = True
+    """keep the vision tower and connector frozen (train the language model only)"""
     gradient_checkpointing: bool = False
     """activation checkpointing of decoder layers"""
     lr: float = 1e-5
