@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.faults]
 
 SMALL = ["rollout.consumer_batch_size=1", "gconfig.n_samples=2", "env.max_steps=2",
          "env.tasks=click-test,click-button", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
-         "gconfig.max_new_tokens=8", "test_rollout.enabled=false"]
+         "gconfig.max_new_tokens=8", "test_rollout.enabled=false", "stats.results_name=null"]
 REPO = Path(__file__).resolve().parents[2]
 
 
