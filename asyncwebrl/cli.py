@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=0, help="torch threads of a CPU server (0 = 1)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed")
     s.add_argument("--weight-version", default="0", help="initial weight version")
-    s.add_argument("--weight-sync-timeout", type=float, default=120.0,
-                   help="seconds before a weight-update group join or broadcast fails")
+    s.add_argument("--weight-sync-timeout", type=float, default=None,
+                   help="seconds before a weight-update group join or broadcast fails "
+                        "(default: $ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S or 120)")
     s.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (or the base model) on a task set")

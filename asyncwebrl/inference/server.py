@@ -331,7 +331,7 @@ def serve_main(args: argparse.Namespace) -> int:
     engine.start()
     server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
     srv = InferenceServer(engine, api_key=args.api_key, server_args=server_args,
-                          weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", 0)
+                          weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", None)
                                                       or os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)

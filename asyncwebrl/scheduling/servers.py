@@ -55,7 +55,7 @@ class ServerProcess:
 
 def server_command(backend: str, model: str, host: str, port: int, device: str, dtype: str,
                    api_key: str | None, max_batch_size: int, mem_fraction: float = 0.8,
-                   threads: int = 0, weight_sync_timeout_s: float = 120.0) -> list[str]:
+                   threads: int = 0, weight_sync_timeout_s: float | None = None) -> list[str]:
     if backend == "sglang":
         from asyncwebrl.inference.sglang_launcher import sglang_command
 
@@ -65,8 +65,9 @@ def server_command(backend: str, model: str, host: str, port: int, device: str, 
         raise ValueError(f"no launcher for inference backend '{backend}' (use hf or sglang)")
     cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model,
            "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-           "--max-batch-size", str(max_batch_size), "--threads", str(threads),
-           "--weight-sync-timeout", str(weight_sync_timeout_s)]
+           "--max-batch-size", str(max_batch_size), "--threads", str(threads)]
+    if weight_sync_timeout_s:
+        cmd += ["--weight-sync-timeout", str(weight_sync_timeout_s)]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd
@@ -93,7 +94,7 @@ def wait_healthy(address: str, proc: subprocess.Popen | None, timeout: float, ap
 def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype: str = "float32",
                   host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                   max_batch_size: int = 32, log_dir: Path | None = None, startup_timeout: float = 300.0,
-                  cpu_threads: int = 0, weight_sync_timeout_s: float = 120.0,
+                  cpu_threads: int = 0, weight_sync_timeout_s: float | None = None,
                   name: str = "server") -> ServerProcess:
     """Start one server process on `device` and wait until it answers /health."""
     port = port or free_port(host)
