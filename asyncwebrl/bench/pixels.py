@@ -186,9 +186,12 @@ class EpisodeWorker:
 
 
 def _spilled_mib() -> float:
+    import ray
     from ray._private.internal_api import memory_summary
 
-    m = re.search(r"Spilled ([\d.]+) MiB", memory_summary(stats_only=True))
+    # name this cluster: with no address Ray refuses when several instances run on the machine
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    m = re.search(r"Spilled ([\d.]+) MiB", summary)
     return float(m.group(1)) if m else 0.0
 
 
