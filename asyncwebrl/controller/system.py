@@ -154,12 +154,11 @@ def _build_ray(s: System) -> None:
 
     from asyncwebrl.pixelstore import make_pixel_store
     from asyncwebrl.scheduling.placement import plan_roles
-    from asyncwebrl.scheduling.ray_scheduler import RayScheduler, init_ray, start_servers
+    from asyncwebrl.scheduling.ray_scheduler import RayScheduler, start_servers
     from asyncwebrl.scheduling.trainer_host import start_trainer
 
     cfg = s.cfg
-    init_ray(cfg.scheduler.ray_address)
-    s.scheduler = RayScheduler(plan_roles(cfg))
+    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address)
     alloc = cfg.allocation
     s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend))
     if cfg.test_rollout.enabled:

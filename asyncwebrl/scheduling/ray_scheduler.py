@@ -14,17 +14,19 @@ from typing import Any
 from asyncwebrl.scheduling.placement import RolePlan
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> None:
+def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> bool:
+    """Connect to (or start) Ray; True when this call started or joined it (and so should shut it down)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}}
     if address:
         ray.init(address=address, runtime_env=env, **kwargs)
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env,
                  log_to_driver=True, **kwargs)
+    return True
 
 
 @dataclass
@@ -47,7 +49,7 @@ class RayScheduler:
         import ray
         from ray.util.placement_group import placement_group
 
-        init_ray(address)
+        self.owns_ray = init_ray(address)
         self.groups: dict[str, RoleGroup] = {}
         for p in plans:
             # STRICT_SPREAD is impossible on one node; PACK keeps a role's devices together.
@@ -92,6 +94,9 @@ class RayScheduler:
             except Exception:
                 pass
         self.groups.clear()
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
 
 
 def _server_host_class():
