@@ -6,6 +6,7 @@ Invariant: keys are opaque strings; `get` never blocks on a missing key, it retu
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from typing import Protocol
@@ -18,6 +19,20 @@ class PixelStoreAPI(Protocol):
     def free(self, keys: list[str]) -> int: ...
     def count_missing(self, keys: list[str]) -> int: ...
     def stats(self) -> dict: ...
+
+
+class ThreadedAsyncAPI:
+    """Async forms of a blocking store client, run on a worker thread so an episode loop's event loop
+    never blocks on a store round trip (shared by the Ray and the local-process clients)."""
+
+    async def aput(self, data: bytes, refs: int = 1) -> str:
+        return await asyncio.to_thread(self.put, data, refs)
+
+    async def aput_batch(self, items: list[bytes], refs: int = 1) -> list[str]:
+        return await asyncio.to_thread(self.put_batch, items, refs)
+
+    async def aget(self, keys: list[str]) -> list[bytes | None]:
+        return await asyncio.to_thread(self.get, keys)
 
 
 class InProcessPixelStore:
@@ -35,7 +50,7 @@ class InProcessPixelStore:
     def put_batch(self, items: list[bytes]) -> list[str]:
         keys = [f"{self._prefix}:{uuid.uuid4().hex}" for _ in items]
         with self._lock:
-            for k, v in zip(keys, items):
+            for k, v in zip(keys, items, strict=True):
                 self._items[k] = bytes(v)
             self._counters["puts"] += len(items)
         return keys

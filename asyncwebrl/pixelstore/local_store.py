@@ -29,6 +29,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable
 
 TOKEN_HEADER = "X-PixelStore-Token"
@@ -280,7 +281,7 @@ class LocalStoreEndpoint:
 # ---------------------------------------------------------------------------------------------
 # client
 # ---------------------------------------------------------------------------------------------
-class LocalPixelStoreClient:
+class LocalPixelStoreClient(ThreadedAsyncAPI):
     """Client of one local store server; thread-safe (one keep-alive connection per thread)."""
 
     def __init__(self, server: LocalStoreProcess | LocalStoreEndpoint, request_timeout_s: float = 30.0):
@@ -376,15 +377,6 @@ class LocalPixelStoreClient:
         d["restarts"] = self.server.restarts
         d["client_missing"] = self.missing_seen
         return d
-
-    async def aput(self, data: bytes, refs: int = 1) -> str:
-        return await asyncio.to_thread(self.put, data, refs)
-
-    async def aput_batch(self, items: list[bytes], refs: int = 1) -> list[str]:
-        return await asyncio.to_thread(self.put_batch, items, refs)
-
-    async def aget(self, keys: list[str]) -> list[bytes | None]:
-        return await asyncio.to_thread(self.get, keys)
 
     def close(self) -> None:
         """Stop the server process this client owns."""

@@ -13,13 +13,13 @@ client waits for Ray to restart it and retries until `retry_deadline_s`, then ra
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
 import ray
 
+from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable, key_prefix
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class _Restarting(Exception):
     """The store actor's name did not resolve: Ray is restarting it."""
 
 
-class PixelStoreClient:
+class PixelStoreClient(ThreadedAsyncAPI):
     """Routes PixelStore calls to the per-node actors by key prefix; picklable (Ray workers get a copy).
 
     Methods mirror `PixelStore` (put / put_batch / get / free / retain / count_missing / stats), plus
@@ -229,15 +229,6 @@ class PixelStoreClient:
         total["client_missing"] = self.missing_seen
         total["client_retries"] = self.retries
         return total
-
-    async def aput(self, data: bytes, refs: int = 1) -> str:
-        return await asyncio.to_thread(self.put, data, refs)
-
-    async def aput_batch(self, items: list[bytes], refs: int = 1) -> list[str]:
-        return await asyncio.to_thread(self.put_batch, items, refs)
-
-    async def aget(self, keys: list[str]) -> list[bytes | None]:
-        return await asyncio.to_thread(self.get, keys)
 
     def kill_all(self) -> None:
         """Remove the stores for good (end of run): no restart."""
