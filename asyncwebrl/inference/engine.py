@@ -129,6 +129,9 @@ class HFEngine:
         self._batch = _RunningBatch()
         self._paused = False
         self._stopped = False
+        # callers waiting for the model lock (abort, weight access); the loop stands aside for them,
+        # because a plain lock lets the loop re-take it step after step and starve them
+        self._lock_waiters = 0
         self._thread: threading.Thread | None = None
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "finished": 0, "aborted": 0, "errors": 0}
 
@@ -209,9 +212,22 @@ class HFEngine:
     def paused(self) -> bool:
         return self._paused
 
+    @contextmanager
+    def _model_lock(self) -> Iterator[None]:
+        """The model lock, taken between two scheduler steps without waiting behind many of them."""
+        with self._cond:
+            self._lock_waiters += 1
+        try:
+            with self.lock:
+                yield
+        finally:
+            with self._cond:
+                self._lock_waiters -= 1
+                self._cond.notify_all()
+
     def abort(self, rid: str | None = None, abort_all: bool = False, message: str = "aborted") -> int:
         """End matching queued/running requests with finish_reason abort; returns how many."""
-        with self.lock, self._cond:
+        with self._model_lock(), self._cond:
             hit = [r for r in self._waiting + self._batch.reqs if abort_all or r.rid == rid]
             for r in hit:
                 r.finish = finish_reason("abort", message=message)
@@ -230,21 +246,24 @@ class HFEngine:
         try:
             if abort_all:
                 self.abort(abort_all=True, message=message)
-            with self.lock:
+            with self._model_lock():
                 yield
         finally:
             if not was_paused:
                 self.resume()
 
     def load_info(self) -> dict[str, int]:
-        return {"running": len(self._batch), "waiting": len(self._waiting)}
+        running = sum(1 for r in self._batch.reqs if r.finish is None)
+        return {"running": running, "waiting": len(self._waiting)}
 
     # ---- the scheduler loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         while True:
             with self._cond:
-                while not self._stopped and (self._paused or not (self._waiting or self._batch.reqs)):
+                while not self._stopped and (
+                    self._paused or self._lock_waiters or not (self._waiting or self._batch.reqs)
+                ):
                     self._cond.wait(timeout=1.0)
                 if self._stopped:
                     return
@@ -450,7 +469,7 @@ class HFEngine:
         return dict(self.model.named_parameters())
 
     def weights_checksum(self) -> str:
-        with self.lock:
+        with self._model_lock():
             return params_checksum(self.model.named_parameters())
 
 
