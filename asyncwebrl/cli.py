@@ -70,6 +70,12 @@ def cmd_view(args) -> int:
     return view_main(args)
 
 
+def cmd_record_screens(args) -> int:
+    from asyncwebrl.web.record import record_main
+
+    return record_main(args.out, args.episodes, args.tasks, args.seed)
+
+
 def cmd_prepare_model(args) -> int:
     from asyncwebrl.models.prepare import prepare_all
 
@@ -131,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1")
     v.add_argument("--port", type=int, default=8765)
     v.set_defaults(func=cmd_view)
+
+    r = sub.add_parser("record-screens", help="save real MiniWoB++ screenshots for the synthetic env to replay")
+    r.add_argument("out", help="folder to write NNNN-TASK-sSEED-kSTEP.png files into")
+    r.add_argument("--episodes", type=int, default=24)
+    r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_record_screens)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
     pm.add_argument("--force", action="store_true", help="rebuild even if present")

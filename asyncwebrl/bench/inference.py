@@ -47,6 +47,8 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
         "vision": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
                    "out_hidden_size": 2048, "fullatt_block_indexes": [7, 15, 23, 31]},
     },
+    # the tiny test model's own shape, re-initialized (to rehearse GPU scripts on a CPU)
+    "qwen2.5-vl-tiny": {"base": "tiny-qwen2.5-vl", "text": {}, "vision": {}},
 }
 
 

@@ -46,7 +46,9 @@ class TrainerRank:
         if self.broadcaster is not None:  # re-forming the group (a server died or came back): drop the old one
             self.broadcaster.close()
             self.broadcaster = None
-        self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port)
+        # NCCL from the trainer's GPU when it has one, gloo from CPU memory otherwise
+        self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port,
+                                             device=str(self.actor.device))
         self.broadcaster.init_group()
 
     def broadcast_weights(self, version: int) -> dict[str, Any]:

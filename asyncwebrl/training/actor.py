@@ -97,10 +97,12 @@ class FSDPActor:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = torch.device(device)
         self.distributed = world_size > 1
+        if self.device.type == "cuda":
+            # the current device is this rank's GPU (NCCL groups and streams follow it), also for one
+            # local rank on cuda:1 beside a server on cuda:0
+            torch.cuda.set_device(self.device)
         if self.distributed and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
             dist.init_process_group(
                 backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
                 timeout=datetime.timedelta(seconds=init_timeout_s),

@@ -242,7 +242,7 @@ class WeightBroadcaster:
                 for c in calls:
                     c.start()
                 if self.device.type == "cuda":
-                    torch.cuda.current_stream().synchronize()
+                    torch.cuda.current_stream(self.device).synchronize()
                 self._bcast_all(tensors, deadline)
                 nbytes += sum(t.numel() * t.element_size() for t in tensors)
                 for c in calls:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 
@@ -52,6 +53,9 @@ class EnvConfig:
     """timeout of one judge request"""
     synthetic_step_latency_ms: float = 20.0
     """synthetic env: mean latency of one environment step"""
+    synthetic_replay_dir: str | None = None
+    """synthetic env: folder of recorded *.png screenshots shown instead of drawn pages
+    (record real MiniWoB++ pages with `asyncwebrl record-screens DIR`)"""
 
     def validate(self) -> None:
         if self.max_steps < 1:
@@ -66,5 +70,9 @@ class EnvConfig:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:
             raise ValueError("env.action_settle_ms and env.wait_action_s must be >= 0")
+        if self.synthetic_replay_dir is not None and self.type == "synthetic":
+            folder = Path(self.synthetic_replay_dir)
+            if not folder.is_dir() or not any(folder.glob("*.png")):
+                raise ValueError(f"env.synthetic_replay_dir {folder} is not a folder of *.png screenshots")
         if self.type == "webgym" and not self.task_file:
             raise ValueError("env.type=webgym needs env.task_file")

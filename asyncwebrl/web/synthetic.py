@@ -108,10 +108,11 @@ class SyntheticWebEnv:
         self.step_latency_s = float(getattr(env_cfg, "synthetic_step_latency_ms", 20.0)) / 1000.0
         self._latency_rng = random.Random(latency_seed)
         self._replay: list[bytes] = []
-        if self.profile.replay_dir:
-            files = sorted(Path(self.profile.replay_dir).glob("*.png"))
+        replay_dir = self.profile.replay_dir or getattr(env_cfg, "synthetic_replay_dir", None)
+        if replay_dir:
+            files = sorted(Path(replay_dir).glob("*.png"))
             if not files:
-                raise ValueError(f"synthetic replay_dir {self.profile.replay_dir} holds no *.png screenshots")
+                raise ValueError(f"synthetic replay_dir {replay_dir} holds no *.png screenshots")
             self._replay = [f.read_bytes() for f in files]
         self.task: Task | None = None
         self.closed = False
