@@ -22,8 +22,10 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
                        ("eval_last", "eval success, last checkpoint"), ("run_time_s", "run time (s)")], "make train"),
     ("e2e", [("speedup", "async/sync trajectories/s"), ("ideal_overlap_bound", "ideal-overlap bound"),
              ("step_time_ratio_sync_over_async", "sync/async time per step")], "asyncwebrl bench e2e"),
-    ("e2e-gpu", [("speedup", "async/sync trajectories/s"), ("ideal_overlap_bound", "ideal-overlap bound")],
-     "asyncwebrl bench e2e scheduler=local env=synthetic gpus=2 model=PATH out=e2e-gpu"),
+    ("e2e-gpu", [("speedup", "async/sync trajectories/s"), ("ideal_overlap_bound", "ideal-overlap bound"),
+                 ("partial", "status"), ("modes.sync.wall_per_step_s", "sync: s per step"),
+                 ("modes.sync.phase_means_s", "sync: mean phase times (s)")],
+     "bash bench/gpu_e2e.sh OUTDIR (2 GPUs)"),
     ("pool", [("speedup", "async/sync trajectories/s"), ("async_fraction_of_ideal", "async share of ideal overlap"),
               ("policy", "policy")], "asyncwebrl bench pool"),
     ("inference", [("tokens_per_s_c1", "tokens/s at c=1"), ("tokens_per_s_c8", "tokens/s at c=8"),
@@ -59,6 +61,16 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _lookup(figs: dict[str, Any], dotted: str) -> Any:
+    """figs['a']['b'] for 'a.b'; None where any part is missing."""
+    node: Any = figs
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def render(results_dir: Path = RESULTS_DIR) -> str:
     lines = [BEGIN, "", "| benchmark | figure | value | machine | date | reproduce |", "|---|---|---|---|---|---|"]
     missing = []
@@ -70,8 +82,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         doc = json.loads(path.read_text())
         figs = doc.get("figures", {})
         for key, label in keys:
-            if key in figs:
-                lines.append(f"| {name} | {label} | {_fmt(figs[key])} | {_machine(doc.get('machine', {}))} | "
+            value = _lookup(figs, key)
+            if value is not None:
+                lines.append(f"| {name} | {label} | {_fmt(value)} | {_machine(doc.get('machine', {}))} | "
                              f"{str(doc.get('date', ''))[:10]} | `{cmd}` |")
     if missing:
         lines += ["", "Not measured yet: " + ", ".join(missing) + "."]

@@ -113,3 +113,22 @@ def test_latency_and_warmup_and_replay(tmp_path):
         SyntheticWebEnv(cfg, SyntheticProfile(replay_dir=str(tmp_path / "empty")))
     with pytest.raises(ValueError):
         SyntheticWebEnv(cfg, SyntheticProfile(long_tail_prob=2.0))
+
+
+def test_recorded_miniwob_screens_replay_through_the_config_key(tmp_path):
+    """`asyncwebrl record-screens` writes real Chromium pages; env.synthetic_replay_dir shows them."""
+    from asyncwebrl.config import ConfigError, load_run_config
+    from asyncwebrl.web.record import record_screens
+
+    files = asyncio.run(record_screens(tmp_path / "screens", episodes=3, tasks="click-test,click-button"))
+    assert len(files) >= 3
+    for f in files:
+        with Image.open(f) as im:
+            assert im.size == (CFG.viewport_width, CFG.viewport_height)
+            assert len(set(im.convert("RGB").getdata())) > 4  # a rendered page, not a blank frame
+    cfg = load_run_config(None, ["env.type=synthetic", f"env.synthetic_replay_dir={tmp_path / 'screens'}"])
+    env = SyntheticWebEnv(cfg.env)
+    obs = asyncio.run(env.reset(Task("synthetic/r", seed=3)))
+    assert obs.screenshot in {f.read_bytes() for f in files}
+    with pytest.raises(ConfigError, match="synthetic_replay_dir"):
+        load_run_config(None, ["env.type=synthetic", f"env.synthetic_replay_dir={tmp_path / 'nothing'}"])
