@@ -42,7 +42,9 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench pixels"),
     ("weightsync", [("ratio_over_floor", "refresh / raw broadcast (largest)"), ("largest", "largest model")],
      "asyncwebrl bench weightsync"),
-    ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"), ("episodes", "episodes")],
+    ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
+              ("floor_slope_mb_per_1k_episodes", "slope of the memory floor (per-window minima)"),
+              ("episodes", "episodes")],
      "asyncwebrl bench soak"),
 ]
 

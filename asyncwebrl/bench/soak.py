@@ -14,7 +14,9 @@ process. The policy is either
 Memory: PSS (proportional set size) of the Chromium process trees, the PixelStore process and the
 inference server process, sampled every `sample_every_s` together with the number of episodes done.
 Headline: `slope_mb_per_1k_episodes` per component, the least-squares slope of PSS against episodes
-after the first `warmup_frac` of the run (flat memory = slope near 0).
+after the first `warmup_frac` of the run (flat memory = slope near 0). Beside it
+`floor_slope_mb_per_1k_episodes`: the slope of the per-window minima (10 windows), the memory a
+process falls back to; a leak raises the floor, a sawtooth of freed-and-reused heap does not.
 """
 
 from __future__ import annotations
@@ -91,6 +93,21 @@ def slope_per_1k(xs: list[float], ys: list[float]) -> float:
     if sxx == 0:
         return 0.0
     return 1000.0 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def floor_slope_per_1k(xs: list[float], ys: list[float], windows: int = 10) -> float:
+    """Slope of the minimum of ys in each of `windows` equal spans of xs (MB per 1k episodes)."""
+    if len(xs) < 2 or xs[-1] <= xs[0]:
+        return 0.0
+    span = (xs[-1] - xs[0]) / windows
+    px, py = [], []
+    for w in range(windows):
+        lo, hi = xs[0] + w * span, xs[0] + (w + 1) * span
+        inside = [y for x, y in zip(xs, ys, strict=True) if lo <= x < hi or (w == windows - 1 and x == hi)]
+        if inside:
+            px.append((lo + hi) / 2)
+            py.append(min(inside))
+    return slope_per_1k(px, py)
 
 
 class ScriptedClient:
@@ -239,11 +256,14 @@ def summarize(res: dict[str, Any], warmup_frac: float) -> dict[str, Any]:
         ys = [s[comp] for s in after]
         figs[comp] = {
             "slope_mb_per_1k_episodes": round(slope_per_1k(xs, ys), 3),
+            "floor_slope_mb_per_1k_episodes": round(floor_slope_per_1k(xs, ys), 3),
             "pss_mb_start": round(after[0][comp], 1), "pss_mb_end": round(after[-1][comp], 1),
             "pss_mb_max": round(max(s[comp] for s in samples), 1),
         }
     figs["slope_mb_per_1k_episodes"] = {c: figs[c]["slope_mb_per_1k_episodes"]
                                         for c in ("browsers", "pixelstore", "inference_server")}
+    figs["floor_slope_mb_per_1k_episodes"] = {c: figs[c]["floor_slope_mb_per_1k_episodes"]
+                                              for c in ("browsers", "pixelstore", "inference_server")}
     return figs
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from asyncwebrl.bench.soak import slope_per_1k, summarize
+from asyncwebrl.bench.soak import floor_slope_per_1k, slope_per_1k, summarize
 
 
 def test_slope_fit_recovers_a_leak_and_a_flat_line():
@@ -18,6 +18,14 @@ def test_slope_fit_recovers_a_leak_and_a_flat_line():
     figs = summarize({"samples": samples, "done": {"episodes": 5000}}, warmup_frac=0.25)
     assert figs["slope_mb_per_1k_episodes"]["browsers"] == pytest.approx(0.0)
     assert figs["browsers"]["pss_mb_max"] == pytest.approx(100.0)
+
+
+def test_floor_slope_tells_a_sawtooth_from_a_leak():
+    xs = [float(x) for x in range(0, 10000, 20)]
+    saw = [600 + (300 if (x // 700) % 2 else 0) for x in xs]  # heap taken and given back, ending high
+    leak = [600 + 0.05 * x + (300 if (x // 700) % 2 else 0) for x in xs]
+    assert abs(floor_slope_per_1k(xs, saw)) < 5
+    assert floor_slope_per_1k(xs, leak) == pytest.approx(50, rel=0.2)
 
 
 @pytest.mark.slow
