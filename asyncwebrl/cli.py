@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weight-sync-timeout", type=float, default=None,
                    help="seconds before a weight-update group join or broadcast fails "
                         "(default: $ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S or 120)")
+    s.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is no longer the server's parent (launchers set it)")
     s.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (or the base model) on a task set")

@@ -208,7 +208,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(src)
     docs: dict[str, str] = {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for node, nxt in zip(body, body[1:]):
+    for node, nxt in zip(body, body[1:], strict=False):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 docs[node.target.id] = " ".join(nxt.value.value.split())

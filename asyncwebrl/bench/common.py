@@ -53,9 +53,9 @@ def print_table(rows: list[dict[str, Any]], headline: str) -> None:
     if rows:
         cols = list(rows[0])
         widths = [max(len(str(c)), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
-        print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths, strict=False)))
         for r in rows:
-            print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+            print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths, strict=False)))
     print(headline)
 
 
@@ -70,7 +70,7 @@ def write_result(name: str, config: dict[str, Any], figures: dict[str, Any], pat
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "config": config,
         "figures": figures,

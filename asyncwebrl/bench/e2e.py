@@ -112,7 +112,7 @@ def plot_timeline(results: list[dict[str, Any]], out: Path) -> None:
               "eval": "#b05cc8"}
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.6 * len(results) + 0.8), sharex=True)
     axes = axes if len(results) > 1 else [axes]
-    for ax, res in zip(axes, results):
+    for ax, res in zip(axes, results, strict=False):
         for rec in res["timeline"]:
             ax.barh(0, rec["end"] - rec["start"], left=rec["start"], color=colors.get(rec["phase"], "#ccc"),
                     edgecolor="white", height=0.6)

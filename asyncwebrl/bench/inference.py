@@ -137,7 +137,7 @@ async def run_level(client, concurrency: int, n_requests: int, prompts, images, 
 
 def main(overrides: list[str]) -> int:
     from asyncwebrl.inference.client import InferenceClient
-    from asyncwebrl.inference.server import start_server_subprocess, wait_healthy
+    from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
     cfg = parse_overrides(overrides, DEFAULTS)
     tmp = None
@@ -149,7 +149,7 @@ def main(overrides: list[str]) -> int:
     load_before = os.getloadavg()[0]
     prompts, images = build_prompts(model, 16)
     log_path = os.path.join(tempfile.gettempdir(), f"asyncwebrl-bench-inference-{os.getpid()}.log")
-    srv = start_server_subprocess(model, device=cfg["device"], dtype=cfg["dtype"],
+    srv = launch_server(wait=False, model=model, device=cfg["device"], dtype=cfg["dtype"],
                                   max_batch_size=max(levels), log_path=log_path)
     rows = []
     try:

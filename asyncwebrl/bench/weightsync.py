@@ -296,7 +296,7 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
              repeats: int, timeout_s: float, external: list[str]) -> dict[str, Any]:
     """Floor and refresh side by side: both groups alive at once, measurements alternated."""
     from asyncwebrl.inference.engine import params_checksum
-    from asyncwebrl.inference.server import start_server_subprocess, wait_healthy
+    from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
     trainer_dev = "cuda:0" if device == "cuda" else "cpu"
     devs = [f"cuda:{1 + i}" for i in range(n)] if device == "cuda" else None
@@ -307,7 +307,7 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
             urls = external
         else:
             for i in range(n):
-                servers.append(start_server_subprocess(model_dir, device=devs[i] if devs else "cpu", dtype=dtype))
+                servers.append(launch_server(wait=False, model=model_dir, device=devs[i] if devs else "cpu", dtype=dtype))
             for srv in servers:
                 wait_healthy(srv.address, timeout_s, proc=srv)
             urls = [srv.address for srv in servers]

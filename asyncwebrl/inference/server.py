@@ -1,7 +1,7 @@
 """The embedded `hf` inference server: SGLang's native HTTP API (SPEC section 3) over `HFEngine`.
 
 `asyncwebrl serve --backend hf --model PATH --host 127.0.0.1 --port N [--api-key K]` runs it; tests
-and other components start it with `start_server_subprocess(...)` + `wait_healthy(...)`, or
+and other components start it with `scheduling.servers.launch_server(...)`, or
 in-process with `launch_in_thread(...)`.
 
 Invariants: binds 127.0.0.1 unless told otherwise; with an API key every request without
@@ -17,8 +17,7 @@ import asyncio
 import json
 import logging
 import os
-import socket
-import subprocess
+import signal
 import sys
 import threading
 import time
@@ -37,8 +36,8 @@ from asyncwebrl.inference.protocol import (
     ok,
     parse_request,
 )
-from asyncwebrl.inference.sglang_launcher import hf_command
 from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
+from asyncwebrl.net import free_port
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 2**20
@@ -333,9 +332,28 @@ def serve_main(args: argparse.Namespace) -> int:
     srv = InferenceServer(engine, api_key=args.api_key, server_args=server_args,
                           weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", None)
                                                       or os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
+    if getattr(args, "parent_pid", None):
+        watch_parent(args.parent_pid)
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
+
+
+def watch_parent(parent_pid: int, every_s: float = 1.0) -> threading.Thread:
+    """Exit (SIGTERM to ourselves, the clean shutdown path) once `parent_pid` is no longer our parent:
+    a launcher killed by SIGKILL cannot stop its servers, and they must not outlive it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        log.warning("launcher %d is gone; shutting down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # a server stuck in shutdown still goes
+        os._exit(1)
+
+    t = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    t.start()
+    return t
 
 
 def default_cpu_threads(device: str) -> int | None:
@@ -346,79 +364,6 @@ def default_cpu_threads(device: str) -> int | None:
     if os.environ.get("ASYNCWEBRL_CPU_THREADS"):
         return int(os.environ["ASYNCWEBRL_CPU_THREADS"])
     return None if os.environ.get("OMP_NUM_THREADS") else 1
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class ServerProcess:
-    """A server started as a subprocess (`asyncwebrl serve ...`)."""
-
-    proc: subprocess.Popen
-    address: str
-    log_path: str | None = None
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout_s)
-
-    def log_tail(self, n: int = 4000) -> str:
-        if not self.log_path or not os.path.exists(self.log_path):
-            return ""
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-n:]
-
-
-def start_server_subprocess(
-    model: str = "default",
-    port: int = 0,
-    *,
-    host: str = "127.0.0.1",
-    api_key: str | None = None,
-    device: str = "cpu",
-    dtype: str = "float32",
-    max_batch_size: int = 32,
-    max_context_len: int = 4096,
-    log_path: str | None = None,
-    env: dict[str, str] | None = None,
-) -> ServerProcess:
-    """Start `python -m asyncwebrl.cli serve ...`; port 0 picks a free one. Follow with wait_healthy."""
-    port = port or free_port(host)
-    cmd = hf_command(model, port, host=host, device=device, dtype=dtype, api_key=api_key,
-                     max_batch_size=max_batch_size, max_context_len=max_context_len)
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return ServerProcess(proc, f"http://{host}:{port}", log_path)
-
-
-def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess | None = None,
-                 api_key: str | None = None) -> None:
-    """Poll GET /health until 200; RuntimeError if the process exits or the time runs out."""
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    while time.monotonic() < deadline:
-        if proc is not None and proc.proc.poll() is not None:
-            raise RuntimeError(f"server at {address} exited with {proc.proc.returncode}:\n{proc.log_tail()}")
-        try:
-            with urllib.request.urlopen(urllib.request.Request(f"{address}/health", headers=headers), timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"server at {address} not healthy after {timeout_s:.0f}s")
 
 
 @dataclass

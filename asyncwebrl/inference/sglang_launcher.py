@@ -100,11 +100,17 @@ def sglang_command(launch: SGLangLaunch | None = None, /, **fields: Any) -> list
 
 def hf_command(model_path: str, port: int, *, host: str = "127.0.0.1", device: str = "cpu",
                dtype: str = "float32", api_key: str | None = None, max_batch_size: int = 32,
-               max_context_len: int = 4096) -> list[str]:
+               max_context_len: int = 4096, threads: int = 0, weight_sync_timeout_s: float | None = None,
+               parent_pid: int | None = None) -> list[str]:
     """argv of the embedded server (`asyncwebrl serve --backend hf ...`), the same shape for schedulers."""
     cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model_path,
            "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-           "--max-batch-size", str(max_batch_size), "--max-context-len", str(max_context_len)]
+           "--max-batch-size", str(max_batch_size), "--max-context-len", str(max_context_len),
+           "--threads", str(threads)]
+    if weight_sync_timeout_s:
+        cmd += ["--weight-sync-timeout", str(weight_sync_timeout_s)]
+    if parent_pid:
+        cmd += ["--parent-pid", str(parent_pid)]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd

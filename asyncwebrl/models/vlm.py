@@ -148,7 +148,7 @@ class VLMAdapter:
         if len(parts) - 1 != len(images):
             raise ValueError(f"prompt has {len(parts) - 1} image placeholders but {len(images)} images")
         pieces = [parts[0]]
-        for g, rest in zip(grid, parts[1:]):
+        for g, rest in zip(grid, parts[1:], strict=False):
             pieces.append(self.image_token * int(g.prod() // self.merge**2))
             pieces.append(rest)
         ids = self.tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]

@@ -1,27 +1,28 @@
-"""Starting inference server processes on given devices, under either scheduler.
+"""Starting inference server processes on given devices: the one launcher every caller uses
+(schedulers, the supervisor, evaluation, benchmarks, tests).
 
 An embedded (`hf`) server is the `asyncwebrl serve` command in its own process; an `sglang` server
 is SGLang's launcher command. Either way the address is known only once `/health` answers.
-Invariant: a `ServerProcess` that exists is healthy at creation, and `stop()` leaves no process behind.
+Invariants: `launch_server(wait=True)` returns a healthy `ServerProcess`; `stop()` leaves no process
+behind; an embedded server whose launcher dies (even by SIGKILL) exits on its own, because it
+watches its parent (`--parent-pid`) — servers live in their own process group, so no signal from
+the launcher's group reaches them.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncwebrl.net import free_port
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+__all__ = ["ServerProcess", "free_port", "launch_server", "server_command", "wait_healthy"]
 
 
 @dataclass
@@ -52,10 +53,16 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
 
+    def log_tail(self, n: int = 4000) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        return Path(self.log_path).read_text(errors="replace")[-n:]
+
 
 def server_command(backend: str, model: str, host: str, port: int, device: str, dtype: str,
                    api_key: str | None, max_batch_size: int, mem_fraction: float = 0.8,
-                   threads: int = 0, weight_sync_timeout_s: float | None = None) -> list[str]:
+                   threads: int = 0, weight_sync_timeout_s: float | None = None,
+                   max_context_len: int = 4096, parent_pid: int | None = None) -> list[str]:
     if backend == "sglang":
         from asyncwebrl.inference.sglang_launcher import sglang_command
 
@@ -63,63 +70,71 @@ def server_command(backend: str, model: str, host: str, port: int, device: str, 
                               mem_fraction_static=mem_fraction, api_key=api_key)
     if backend != "hf":
         raise ValueError(f"no launcher for inference backend '{backend}' (use hf or sglang)")
-    cmd = [sys.executable, "-m", "asyncwebrl.cli", "serve", "--backend", "hf", "--model", model,
-           "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-           "--max-batch-size", str(max_batch_size), "--threads", str(threads)]
-    if weight_sync_timeout_s:
-        cmd += ["--weight-sync-timeout", str(weight_sync_timeout_s)]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    return cmd
+    from asyncwebrl.inference.sglang_launcher import hf_command
+
+    return hf_command(model, port, host=host, device=device, dtype=dtype, api_key=api_key,
+                      max_batch_size=max_batch_size, max_context_len=max_context_len, threads=threads,
+                      weight_sync_timeout_s=weight_sync_timeout_s, parent_pid=parent_pid)
 
 
-def wait_healthy(address: str, proc: subprocess.Popen | None, timeout: float, api_key: str | None = None) -> None:
-    deadline = time.time() + timeout
+def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess | subprocess.Popen | None = None,
+                 api_key: str | None = None) -> None:
+    """Poll GET /health until 200. RuntimeError (with the log's tail) if the process exits first,
+    TimeoutError when the time runs out."""
+    popen = proc.proc if isinstance(proc, ServerProcess) else proc
+    deadline = time.monotonic() + timeout_s
     req = urllib.request.Request(address + "/health")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"inference server at {address} exited with code {proc.returncode} before it was healthy")
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            tail = proc.log_tail() if isinstance(proc, ServerProcess) else ""
+            raise RuntimeError(f"inference server at {address} exited with code {popen.returncode} "
+                               f"before it was healthy" + (f":\n{tail}" if tail else ""))
         try:
-            with urllib.request.urlopen(req, timeout=2) as r:
+            with urllib.request.urlopen(req, timeout=5) as r:
                 if r.status == 200:
                     return
-        except OSError:
+        except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"inference server at {address} not healthy after {timeout:.0f} s")
+    raise TimeoutError(f"inference server at {address} not healthy after {timeout_s:.0f} s")
 
 
 def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype: str = "float32",
                   host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                  max_batch_size: int = 32, log_dir: Path | None = None, startup_timeout: float = 300.0,
-                  cpu_threads: int = 0, weight_sync_timeout_s: float | None = None,
-                  name: str = "server") -> ServerProcess:
-    """Start one server process on `device` and wait until it answers /health."""
+                  max_batch_size: int = 32, max_context_len: int = 4096, log_dir: Path | None = None,
+                  log_path: Path | str | None = None, startup_timeout: float = 300.0, cpu_threads: int = 0,
+                  weight_sync_timeout_s: float | None = None, env: dict[str, str] | None = None,
+                  wait: bool = True, name: str = "server") -> ServerProcess:
+    """Start one server process on `device` ('cpu' or 'cuda:N': the server then sees only GPU N, as
+    cuda:0). Its log goes to `log_path`, or to `log_dir/NAME-PORT.log`, or nowhere. With `wait` it
+    returns once /health answers (stopping the process if it never does)."""
     port = port or free_port(host)
-    env = dict(os.environ)
+    full_env = {**os.environ, **(env or {})}
     if device.startswith("cuda:"):
-        # The server sees exactly one device, as cuda:0.
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        full_env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         device_arg = "cuda:0"
     else:
         device_arg = device
     cmd = server_command(backend, model, host, port, device_arg, dtype, api_key, max_batch_size,
-                         threads=cpu_threads, weight_sync_timeout_s=weight_sync_timeout_s)
-    log_path = None
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{name}-{port}.log"
-        out = open(log_path, "ab")
-    else:
-        out = subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://{host}:{port}"
-    sp = ServerProcess(address=address, device=device, proc=proc, log_path=log_path)
+                         threads=cpu_threads, weight_sync_timeout_s=weight_sync_timeout_s,
+                         max_context_len=max_context_len, parent_pid=os.getpid())
+    if log_path is None and log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        log_path = Path(log_dir) / f"{name}-{port}.log"
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
     try:
-        wait_healthy(address, proc, startup_timeout, api_key)
-    except BaseException:
-        sp.stop()
-        raise
+        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()
+    sp = ServerProcess(address=f"http://{host}:{port}", device=device, proc=proc,
+                       log_path=Path(log_path) if log_path is not None else None)
+    if wait:
+        try:
+            wait_healthy(sp.address, startup_timeout, proc=sp, api_key=api_key)
+        except BaseException:
+            sp.stop()
+            raise
     return sp

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.training.weight_sync import free_port
+from asyncwebrl.net import free_port
 
 
 class RankFailed(RuntimeError):

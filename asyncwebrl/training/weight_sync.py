@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -32,17 +31,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asyncwebrl.net import free_port
 from asyncwebrl.training.config import ActorConfig
 
 
 class WeightSyncError(RuntimeError):
     """A weight update could not complete (dead peer, refused request, timeout)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def dtype_name(dt: torch.dtype) -> str:

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from asyncwebrl.inference.client import InferenceAuthError, InferenceClient
-from asyncwebrl.inference.server import start_server_subprocess, wait_healthy
 from asyncwebrl.models.vlm import VLMAdapter, encode_image_b64
+from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(default_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = start_server_subprocess(default_model_path, log_path=str(log), max_context_len=512)
+    srv = launch_server(wait=False, model=default_model_path, log_path=str(log), max_context_len=512)
     try:
         wait_healthy(srv.address, 300, proc=srv)
         yield srv.address
@@ -164,7 +164,7 @@ def test_bad_control_input_is_400(server):
 def test_api_key_required_on_every_request(tmp_path):
     from asyncwebrl.models.prepare import resolve_model_path
 
-    srv = start_server_subprocess(resolve_model_path("tiny-qwen2.5-vl"), api_key="s3cret",
+    srv = launch_server(wait=False, model=resolve_model_path("tiny-qwen2.5-vl"), api_key="s3cret",
                                   log_path=str(tmp_path / "log"))
     try:
         wait_healthy(srv.address, 300, proc=srv, api_key="s3cret")

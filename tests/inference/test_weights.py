@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from asyncwebrl.inference.client import InferenceClient
 from asyncwebrl.inference.engine import params_checksum
-from asyncwebrl.inference.server import free_port, start_server_subprocess, wait_healthy
 from asyncwebrl.models.vlm import VLMAdapter, load_model
+from asyncwebrl.scheduling.servers import free_port, launch_server, wait_healthy
 
 pytestmark = pytest.mark.slow
 SYNC_TIMEOUT_S = 6
@@ -31,7 +31,7 @@ SYNC_TIMEOUT_S = 6
 @pytest.fixture(scope="module")
 def server(default_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = start_server_subprocess(default_model_path, log_path=str(log),
+    srv = launch_server(wait=False, model=default_model_path, log_path=str(log),
                                   env={"ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S": str(SYNC_TIMEOUT_S)})
     try:
         wait_healthy(srv.address, 300, proc=srv)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncwebrl.inference.server import free_port, start_server_subprocess, wait_healthy
+from asyncwebrl.scheduling.servers import free_port, launch_server, wait_healthy
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,7 +24,7 @@ def test_nccl_broadcast_lands_bit_exactly_in_a_gpu_server(tmp_path):
     from asyncwebrl.models.prepare import resolve_model_path
 
     model = resolve_model_path("tiny-qwen2.5-vl")
-    srv = start_server_subprocess(model, device="cuda:0", dtype="bfloat16", log_path=str(tmp_path / "log"))
+    srv = launch_server(wait=False, model=model, device="cuda:0", dtype="bfloat16", log_path=str(tmp_path / "log"))
     try:
         wait_healthy(srv.address, 300, proc=srv)
         proc = subprocess.run(

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncwebrl.inference.server import start_server_subprocess, wait_healthy
+from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 from asyncwebrl.web.webgym import TaskFileError, load_task_file
 
 POST_PATHS = ["/generate", "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request",
@@ -56,7 +56,7 @@ def server(tmp_path_factory):
     from asyncwebrl.models.prepare import resolve_model_path
 
     log = tmp_path_factory.mktemp("fuzz") / "server.log"
-    srv = start_server_subprocess(resolve_model_path("tiny-qwen2.5-vl"), log_path=str(log), max_context_len=256)
+    srv = launch_server(wait=False, model=resolve_model_path("tiny-qwen2.5-vl"), log_path=str(log), max_context_len=256)
     try:
         wait_healthy(srv.address, 300, proc=srv)
         yield srv.address

@@ -13,8 +13,8 @@ from programs import TINY, make_samples, train_then_broadcast
 
 from asyncwebrl.bench.weightsync import start_receivers, stop_receivers
 from asyncwebrl.inference.engine import params_checksum
-from asyncwebrl.inference.server import free_port, start_server_subprocess, wait_healthy
 from asyncwebrl.models.vlm import encode_image_b64
+from asyncwebrl.scheduling.servers import free_port, launch_server, wait_healthy
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.launcher import run_ranks
 from asyncwebrl.training.weight_sync import WeightBroadcaster, WeightSyncError, make_buckets
@@ -32,7 +32,7 @@ def http(addr: str, path: str, body: dict | None = None) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = start_server_subprocess(TINY, log_path=str(log),
+    srv = launch_server(wait=False, model=TINY, log_path=str(log),
                                   env={"ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S": str(SYNC_TIMEOUT_S)})
     try:
         wait_healthy(srv.address, 300, proc=srv)
