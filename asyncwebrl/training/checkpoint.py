@@ -164,5 +164,5 @@ def read_checkpoint(path: str | Path, with_optimizer: bool = True) -> dict[str, 
         "optimizer": None,
     }
     if with_optimizer and (path / OPTIM_FILE).is_file():
-        out["optimizer"] = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False)
+        out["optimizer"] = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
     return out
