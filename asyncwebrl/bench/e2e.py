@@ -64,7 +64,9 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> dict[str, Any]:
     system = build_system(cfg, run)
     setup_s = time.monotonic() - t0
     try:
+        cpu0 = _cpu_times()
         summary = Controller(cfg, system, run).train()
+        cpu_busy = _busy_fraction(cpu0, _cpu_times())
         rstats = system.rollout.stats()
     finally:
         system.shutdown()
@@ -84,6 +86,7 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> dict[str, Any]:
         "trajectories_per_s": trajs / wall,
         "tokens_per_s": tokens / wall,
         "trainer_idle_frac": sum(r["wait_s"] for r in train) / wall,
+        "cpu_busy_frac": cpu_busy,
         "rollout_idle_frac": rstats.get("rollout_idle_fraction", 0.0),
         "phase_means_s": {p: statistics.fmean([r[k] for r in train]) for p, k in
                           (("rollout_wait", "wait_s"), ("train", "train_s"), ("weight_sync", "weight_sync_s"))},
@@ -93,6 +96,24 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> dict[str, Any]:
         "dropped_stale": rstats.get("dropped_stale", 0),
         "timeline": timeline,
     }
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _busy_fraction(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
+    """Share of the machine's CPU time that was busy between two `_cpu_times` readings: how much room
+    overlap has when rollout and training share the cores."""
+    if a is None or b is None or b[1] == a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
 
 
 def ideal_overlap(sync: dict[str, Any]) -> float:
@@ -158,7 +179,7 @@ def main(overrides: list[str] | None = None) -> int:
     write_result(name, knobs, figures)
     rows = [{"mode": r["mode"], "s/step": r["wall_per_step_s"], "traj/s": r["trajectories_per_s"],
              "tok/s": r["tokens_per_s"], "trainer_idle": r["trainer_idle_frac"],
-             "rollout_idle": r["rollout_idle_frac"], "success": r["success_mean"],
+             "rollout_idle": r["rollout_idle_frac"], "cpu_busy": r["cpu_busy_frac"], "success": r["success_mean"],
              "dropped_stale": r["dropped_stale"]} for r in results]
     print_table(rows, f"e2e speedup (async/sync trajectories/s): {speedup:.2f}x  "
                       f"(ideal overlap bound {figures['ideal_overlap_bound']:.2f}x)")

@@ -226,6 +226,7 @@ def run_soak(knobs: dict[str, Any], log_dir: Path) -> dict[str, Any]:
         target = int(knobs["episodes"])
         t0 = time.monotonic()
         pool.start()
+        reported = 0
         with MemorySampler(components, lambda: done["episodes"], float(knobs["sample_every_s"])) as mem:
             while done["episodes"] < target:
                 for g in pool.prepare_batch():
@@ -235,6 +236,11 @@ def run_soak(knobs: dict[str, Any], log_dir: Path) -> dict[str, Any]:
                         done["success"] += int(t.success)
                         done["steps"] += len(t.steps)
                     free(g)  # the consumer took the pixels
+                if done["episodes"] // 500 > reported:
+                    reported = done["episodes"] // 500
+                    last = mem.samples[-1] if mem.samples else {}
+                    print(f"soak: {done['episodes']}/{target} episodes, {time.monotonic() - t0:.0f} s, PSS MB "
+                          + ", ".join(f"{c} {last.get(c, 0):.0f}" for c in components), flush=True)
         wall = time.monotonic() - t0
         stats = pool.stats()
         store_stats = store.stats()
