@@ -69,20 +69,6 @@ def _pss_tree(pids: list[int]) -> int:
     return total
 
 
-def _browser_roots(headless_shell: str) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = p.cmdline()
-        except psutil.Error:
-            continue
-        if cmd and cmd[0] == headless_shell and not any(a.startswith("--type=") for a in cmd):
-            out.append(p.pid)
-    return out
-
-
 def slope_per_1k(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys against xs, times 1000 (MB per 1k episodes when xs are episodes)."""
     n = len(xs)
@@ -192,6 +178,7 @@ def run_soak(knobs: dict[str, Any], log_dir: Path) -> dict[str, Any]:
     from asyncwebrl.rollout.controller import RolloutController
     from asyncwebrl.rollout.workflow import EpisodeRolloutSpec
     from asyncwebrl.scheduling.servers import launch_server
+    from asyncwebrl.web.browser import browser_root_pids
     from asyncwebrl.web.config import EnvConfig
     from asyncwebrl.web.tasks import make_task_sampler
 
@@ -219,7 +206,7 @@ def run_soak(knobs: dict[str, Any], log_dir: Path) -> dict[str, Any]:
         pool = RolloutController.local(spec, rcfg, on_drop_group=free)
         done = {"episodes": 0, "failed": 0, "success": 0, "steps": 0}
         components = {
-            "browsers": lambda: _browser_roots(env_cfg.headless_shell),
+            "browsers": lambda: browser_root_pids(env_cfg.headless_shell),
             "pixelstore": lambda: [store.server.proc.pid],
             "inference_server": lambda: [server.pid],
         }

@@ -184,6 +184,20 @@ def _point(action: dict[str, Any], elements: list[dict[str, Any]], coord_mode: s
     return x, y
 
 
+async def act(page, action: dict[str, Any] | None, elements: list[dict[str, Any]], cfg: Any, *,
+              episode_done: bool) -> tuple[bool, dict[str, Any]]:
+    """The guarded action of an env's step(): (executed, info), where info["error"] says why nothing
+    (or not all) was done: the episode is over, the model's output did not parse, or the target is
+    not on the page. `cfg` is the EnvConfig (coordinate mode, viewport, wait length)."""
+    if episode_done:
+        return False, {"error": "episode already done"}
+    if action is None:
+        return False, {"error": "unparsable action"}
+    executed, why = await execute_action(page, action, elements, cfg.coord_mode, cfg.viewport_width,
+                                         cfg.viewport_height, wait_s=cfg.wait_action_s)
+    return executed, ({"error": why} if why else {})
+
+
 async def execute_action(page, action: dict[str, Any], elements: list[dict[str, Any]],
                          coord_mode: str, width: int, height: int, wait_s: float = 0.2) -> tuple[bool, str]:
     """Run one action with real input events. (executed, reason-if-not)."""

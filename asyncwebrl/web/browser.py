@@ -355,3 +355,19 @@ class BrowserPool:
             except Exception:
                 pass
             self._pw = None
+
+
+def browser_root_pids(headless_shell: str) -> list[int]:
+    """The main Chromium processes among this process's descendants (Ray workers and other pools
+    included): the roots whose trees hold a pool's renderers. Used by the soak and the fault tests."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[0] == headless_shell and not any(a.startswith("--type=") for a in cmd):
+            out.append(p.pid)
+    return out

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.web.actions import execute_action
+from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
@@ -185,18 +185,9 @@ class MiniWoBEnv:
         info: dict[str, Any] = {}
         executed = False
         try:
-            if self._done:
-                info["error"] = "episode already done"
-            elif action is None:
-                info["error"] = "unparsable action"
-            else:
-                executed, why = await execute_action(
-                    s.page, action, self._elements, self.cfg.coord_mode,
-                    self.cfg.viewport_width, self.cfg.viewport_height)
-                if why:
-                    info["error"] = why
-                if self.cfg.action_settle_ms > 0:
-                    await asyncio.sleep(self.cfg.action_settle_ms / 1000)
+            executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
+            if action is not None and not self._done and self.cfg.action_settle_ms > 0:
+                await asyncio.sleep(self.cfg.action_settle_ms / 1000)
             obs, state = await self._observe()
         except EnvCrashed:
             raise

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from asyncwebrl.web.actions import execute_action
+from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
@@ -294,18 +294,9 @@ class WebGymEnv:
         info: dict[str, Any] = {}
         executed, success, done = False, False, False
         try:
-            if self._done:
-                info["error"] = "episode already done"
-            elif action is None:
-                info["error"] = "unparsable action"
-            else:
-                executed, why = await execute_action(
-                    s.page, action, self._elements, self.cfg.coord_mode,
-                    self.cfg.viewport_width, self.cfg.viewport_height, wait_s=self.cfg.wait_action_s)
-                if why:
-                    info["error"] = why
-                if executed and action["type"] in ("click", "type", "go_back"):
-                    await self._settle()
+            executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
+            if executed and action["type"] in ("click", "type", "go_back"):
+                await self._settle()
             obs = await self._observe()
             if action is not None and await self._restore_if_escaped(info):
                 executed = False

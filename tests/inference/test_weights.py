@@ -22,7 +22,7 @@ import torch.distributed as dist
 from asyncwebrl.inference.client import InferenceClient
 from asyncwebrl.inference.engine import params_checksum
 from asyncwebrl.models.vlm import VLMAdapter, load_model
-from asyncwebrl.scheduling.servers import free_port, launch_server, wait_healthy
+from asyncwebrl.scheduling.servers import free_port, launch_server
 
 pytestmark = pytest.mark.slow
 SYNC_TIMEOUT_S = 6
@@ -31,13 +31,9 @@ SYNC_TIMEOUT_S = 6
 @pytest.fixture(scope="module")
 def server(default_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(wait=False, model=default_model_path, log_path=str(log),
-                                  env={"ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S": str(SYNC_TIMEOUT_S)})
-    try:
-        wait_healthy(srv.address, 300, proc=srv)
-        yield srv.address
-    finally:
-        srv.stop()
+    srv = launch_server(model=default_model_path, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S)
+    yield srv.address
+    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from asyncwebrl.config import load_run_config
 from asyncwebrl.controller.main import Controller
 from asyncwebrl.controller.rundir import RunDir, read_jsonl
 from asyncwebrl.controller.system import build_system
+from asyncwebrl.web.browser import browser_root_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.faults]
 
@@ -53,16 +54,7 @@ def _get(url: str) -> dict:
 
 
 def _browser_pids(headless_shell: str) -> set[int]:
-    """Main Chromium processes under this test process (Ray workers are our descendants)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = p.cmdline()
-        except psutil.Error:
-            continue
-        if cmd and cmd[0] == headless_shell and not any(a.startswith("--type=") for a in cmd):
-            out.add(p.pid)
-    return out
+    return set(browser_root_pids(headless_shell))
 
 
 def _wait_for(pred, timeout_s: float, poll_s: float = 0.2) -> float | None:

@@ -14,7 +14,7 @@ from programs import TINY, make_samples, train_then_broadcast
 from asyncwebrl.bench.weightsync import start_receivers, stop_receivers
 from asyncwebrl.inference.engine import params_checksum
 from asyncwebrl.models.vlm import encode_image_b64
-from asyncwebrl.scheduling.servers import free_port, launch_server, wait_healthy
+from asyncwebrl.scheduling.servers import free_port, launch_server
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.launcher import run_ranks
 from asyncwebrl.training.weight_sync import WeightBroadcaster, WeightSyncError, make_buckets
@@ -32,13 +32,9 @@ def http(addr: str, path: str, body: dict | None = None) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(wait=False, model=TINY, log_path=str(log),
-                                  env={"ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S": str(SYNC_TIMEOUT_S)})
-    try:
-        wait_healthy(srv.address, 300, proc=srv)
-        yield srv.address
-    finally:
-        srv.stop()
+    srv = launch_server(model=TINY, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S)
+    yield srv.address
+    srv.stop()
 
 
 def test_buckets_respect_the_size_and_keep_order():
