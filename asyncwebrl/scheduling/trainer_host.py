@@ -119,14 +119,15 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
 
     world = cfg.allocation.actor.world_size
     port = free_port()
-    threads = os.cpu_count() if cfg.cluster.n_gpus_per_node == 0 else None
+    threads = (cfg.actor.cpu_threads or os.cpu_count()) if cfg.cluster.n_gpus_per_node == 0 else None
     if scheduler is None:
         if world != 1:
             raise NotImplementedError(
                 "scheduler.type=local hosts one trainer rank in the controller process; use scheduler.type=ray "
                 "for fsdp[actor]:dN with N > 1"
             )
-        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, "127.0.0.1", port, device, cpu_threads=None)], remote=False)
+        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, "127.0.0.1", port, device,
+                                             cpu_threads=cfg.actor.cpu_threads or None)], remote=False)
     import ray
 
     remote_cls = ray.remote(max_restarts=0)(TrainerRank)

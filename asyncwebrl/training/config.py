@@ -18,6 +18,8 @@ class ActorConfig:
     """keep the vision tower and connector frozen (train the language model only)"""
     gradient_checkpointing: bool = False
     """activation checkpointing of decoder layers"""
+    cpu_threads: int = 0
+    """torch threads of a CPU trainer rank (0 = every core; fewer leaves cores to rollout when they share a machine)"""
     lr: float = 1e-5
     """AdamW learning rate"""
     weight_decay: float = 0.0
@@ -69,6 +71,8 @@ class ActorConfig:
     def validate(self) -> None:
         if self.lr <= 0:
             raise ValueError("actor.lr must be > 0")
+        if self.cpu_threads < 0:
+            raise ValueError("actor.cpu_threads must be >= 0 (0 = every core)")
         if self.eps_clip <= 0:
             raise ValueError("actor.eps_clip must be > 0")
         if self.behave_imp_weight_cap <= 1:
