@@ -44,6 +44,7 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench weightsync"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
               ("floor_slope_mb_per_1k_episodes", "slope of the memory floor (per-window minima)"),
+              ("peak_growth_mb", "peak of 2nd half minus peak of 1st half (MB)"),
               ("episodes", "episodes")],
      "asyncwebrl bench soak"),
 ]

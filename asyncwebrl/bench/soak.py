@@ -16,7 +16,8 @@ inference server process, sampled every `sample_every_s` together with the numbe
 Headline: `slope_mb_per_1k_episodes` per component, the least-squares slope of PSS against episodes
 after the first `warmup_frac` of the run (flat memory = slope near 0). Beside it
 `floor_slope_mb_per_1k_episodes`: the slope of the per-window minima (10 windows), the memory a
-process falls back to; a leak raises the floor, a sawtooth of freed-and-reused heap does not.
+process falls back to; a leak raises the floor, a sawtooth of freed-and-reused heap does not; and
+`peak_growth_mb`, the peak of the second half minus the peak of the first (a bounded process: <= 0).
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def floor_slope_per_1k(xs: list[float], ys: list[float], windows: int = 10) -> f
             px.append((lo + hi) / 2)
             py.append(min(inside))
     return slope_per_1k(px, py)
+
+
+def peak_growth(ys: list[float]) -> float:
+    """Peak of the second half minus peak of the first half: how much the envelope of a bounded
+    sawtooth rose over the run (0 or less: the highest memory was already reached early)."""
+    if len(ys) < 2:
+        return 0.0
+    half = len(ys) // 2
+    return max(ys[half:]) - max(ys[:half])
 
 
 class ScriptedClient:
@@ -250,6 +260,7 @@ def summarize(res: dict[str, Any], warmup_frac: float) -> dict[str, Any]:
         figs[comp] = {
             "slope_mb_per_1k_episodes": round(slope_per_1k(xs, ys), 3),
             "floor_slope_mb_per_1k_episodes": round(floor_slope_per_1k(xs, ys), 3),
+            "peak_growth_mb": round(peak_growth(ys), 1),
             "pss_mb_start": round(after[0][comp], 1), "pss_mb_end": round(after[-1][comp], 1),
             "pss_mb_max": round(max(s[comp] for s in samples), 1),
         }
@@ -257,6 +268,7 @@ def summarize(res: dict[str, Any], warmup_frac: float) -> dict[str, Any]:
                                         for c in ("browsers", "pixelstore", "inference_server")}
     figs["floor_slope_mb_per_1k_episodes"] = {c: figs[c]["floor_slope_mb_per_1k_episodes"]
                                               for c in ("browsers", "pixelstore", "inference_server")}
+    figs["peak_growth_mb"] = {c: figs[c]["peak_growth_mb"] for c in ("browsers", "pixelstore", "inference_server")}
     return figs
 
 

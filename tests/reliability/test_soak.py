@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from asyncwebrl.bench.soak import floor_slope_per_1k, slope_per_1k, summarize
+from asyncwebrl.bench.soak import floor_slope_per_1k, peak_growth, slope_per_1k, summarize
 
 
 def test_slope_fit_recovers_a_leak_and_a_flat_line():
@@ -26,6 +26,7 @@ def test_floor_slope_tells_a_sawtooth_from_a_leak():
     leak = [600 + 0.05 * x + (300 if (x // 700) % 2 else 0) for x in xs]
     assert abs(floor_slope_per_1k(xs, saw)) < 5
     assert floor_slope_per_1k(xs, leak) == pytest.approx(50, rel=0.2)
+    assert peak_growth(saw) == 0 and peak_growth(leak) == pytest.approx(0.05 * 5000, rel=0.1)
 
 
 @pytest.mark.slow
