@@ -23,11 +23,11 @@ from typing import Any
 from asyncwebrl.bench.common import RESULTS_DIR, parse_overrides, print_table, write_result
 
 DEFAULTS = {
-    "steps": 6,
+    "steps": 5,
     "batch": 2,
-    "n_samples": 4,
-    "eta": 2,
-    "max_steps": 3,
+    "n_samples": 2,
+    "eta": 1,
+    "max_steps": 2,
     "tasks": "miniwob-easy",
     "env": "miniwob",
     "scheduler": "ray",

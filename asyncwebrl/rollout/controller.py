@@ -140,6 +140,8 @@ class RolloutController:
                 groups = host.fetch(1024, self.poll_s)
                 failures = 0
             except Exception as e:  # noqa: BLE001 - a dead worker is counted, never hangs the trainer
+                if self._stop.is_set():  # shutdown() took the worker down under this fetch
+                    return
                 failures += 1
                 log.warning("rollout worker %d: fetch failed (%d): %r", index, failures, e)
                 if failures >= 3:
