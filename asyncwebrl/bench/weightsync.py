@@ -56,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "timeout_s": 300,
     "servers": "",
     "tokenizer": "default",
+    "out": "weightsync",
 }
 
 
@@ -390,7 +391,7 @@ def main(overrides: list[str]) -> int:
                   floor_target="ProtocolReceiver processes (pure torch.distributed receive, no HTTP)",
                   trainer_ranks=1, model="random-init LlamaForCausalLM of each size")
     figures = {"ratio_over_floor": res["ratio_over_floor"], "largest": res["largest"], "per_size": res["per_size"]}
-    write_result("weightsync", config, figures)
+    write_result(knobs["out"], config, figures)
     print_table(res["rows"], f"ratio_over_floor ({res['largest']}, {knobs['backend']}, "
                              f"{knobs['n_servers']} server(s)): {res['ratio_over_floor']:.3f}")
     return 0
