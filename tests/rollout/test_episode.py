@@ -90,20 +90,25 @@ def oracle_from_prompt(task_name):
     return policy
 
 
+def play_one(loop, cfg, task, client, adapter, store, version, **kw):
+    """One episode of `task` on a fresh MiniWoB env of the test loop's pool."""
+
+    async def go(pool):
+        env = MiniWoBEnv(cfg, pool=pool)
+        try:
+            return await run_episode(env, task, client, adapter, store, SAMPLING, cfg, version=version, **kw)
+        finally:
+            await env.close()
+
+    return loop(go)
+
+
 def test_oracle_episode_store_transport(loop, adapter):
     cfg = EnvConfig()
     store = InProcessPixelStore("t")
     client = ScriptedClient(adapter, oracle_from_prompt("click-button"))
 
-    async def go(pool):
-        env = MiniWoBEnv(cfg, pool=pool)
-        try:
-            return await run_episode(env, Task("miniwob/click-button", seed=4, max_steps=3), client, adapter,
-                                     store, SAMPLING, cfg, version=7)
-        finally:
-            await env.close()
-
-    traj = loop(go)
+    traj = play_one(loop, cfg, Task("miniwob/click-button", seed=4, max_steps=3), client, adapter, store, 7)
     assert traj.success and traj.reward == 1.0 and not traj.truncated and not traj.failed
     assert len(traj.steps) == 1 and traj.task_id == "miniwob/click-button#4"
     s, call = traj.steps[0], client.calls[0]
@@ -123,15 +128,8 @@ def test_multistep_object_store_transport_and_history(loop, adapter):
     store = InProcessPixelStore("t")
     client = ScriptedClient(adapter, oracle_from_prompt("enter-text"))
 
-    async def go(pool):
-        env = MiniWoBEnv(cfg, pool=pool)
-        try:
-            return await run_episode(env, Task("miniwob/enter-text", seed=9, max_steps=4), client, adapter,
-                                     store, SAMPLING, cfg, version=0, pixel_transport="object_store")
-        finally:
-            await env.close()
-
-    traj = loop(go)
+    traj = play_one(loop, cfg, Task("miniwob/enter-text", seed=9, max_steps=4), client, adapter, store, 0,
+                    pixel_transport="object_store")
     assert traj.success and len(traj.steps) == 2
     assert store.stats()["items"] == 0 and all(not s.pixel_keys for s in traj.steps)
     assert [len(s.pixels) for s in traj.steps] == [1, 2]  # sliding window of the last 2 screenshots
@@ -144,15 +142,7 @@ def test_shared_window_keys_are_refcounted(loop, adapter):
     store = PixelStore(capacity_bytes=64 << 20)
     client = ScriptedClient(adapter, oracle_from_prompt("enter-text"))
 
-    async def go(pool):
-        env = MiniWoBEnv(cfg, pool=pool)
-        try:
-            return await run_episode(env, Task("miniwob/enter-text", seed=9, max_steps=4), client, adapter,
-                                     store, SAMPLING, cfg, version=0)
-        finally:
-            await env.close()
-
-    traj = loop(go)
+    traj = play_one(loop, cfg, Task("miniwob/enter-text", seed=9, max_steps=4), client, adapter, store, 0)
     keys = traj.all_pixel_keys()
     assert len(keys) == 3 and len(set(keys)) == 2
     store.free(traj.steps[0].pixel_keys)
@@ -165,15 +155,8 @@ def test_unparsable_outputs_are_penalized_and_truncated(loop, adapter):
     cfg = EnvConfig(invalid_action_penalty=-0.1)
     client = ScriptedClient(adapter, lambda prompt: "I am not sure what to do", versions=False)
 
-    async def go(pool):
-        env = MiniWoBEnv(cfg, pool=pool)
-        try:
-            return await run_episode(env, Task("miniwob/click-test", seed=1, max_steps=3), client, adapter,
-                                     InProcessPixelStore(), SAMPLING, cfg, version=lambda: 5)
-        finally:
-            await env.close()
-
-    traj = loop(go)
+    traj = play_one(loop, cfg, Task("miniwob/click-test", seed=1, max_steps=3), client, adapter,
+                    InProcessPixelStore(), lambda: 5)
     assert len(traj.steps) == 3 and traj.n_invalid == 3 and traj.truncated and not traj.success
     assert traj.reward == pytest.approx(-0.3)
     assert all(s.invalid and s.action is None and set(s.versions) == {5} for s in traj.steps)
