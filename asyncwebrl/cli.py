@@ -20,6 +20,7 @@ BENCHMARKS = {
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+    "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
 }
 
@@ -73,7 +74,7 @@ def cmd_view(args) -> int:
 def cmd_record_screens(args) -> int:
     from asyncwebrl.web.record import record_main
 
-    return record_main(args.out, args.episodes, args.tasks, args.seed)
+    return record_main(args.out, args.episodes, args.tasks, args.seed, args.width, args.height)
 
 
 def cmd_prepare_model(args) -> int:
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--episodes", type=int, default=24)
     r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--width", type=int, default=160, help="viewport width (1280 for full-size pages)")
+    r.add_argument("--height", type=int, default=210, help="viewport height (768 for full-size pages)")
     r.set_defaults(func=cmd_record_screens)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")

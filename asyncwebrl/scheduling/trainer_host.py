@@ -3,8 +3,10 @@
 Both hosts offer the same calls to the controller (`TrainerGroup`): train_step, broadcast_weights,
 save_checkpoint, load_checkpoint. Every call goes to all ranks at once (FSDP collectives need every
 rank); rank 0's answer is returned.
-Invariant: the weight-broadcast group lives on rank 0 only, beside (not instead of) the ranks'
-default FSDP group.
+Invariants: the weight-broadcast group lives on rank 0 only, beside (not instead of) the ranks'
+default FSDP group; the screenshots of a batch handed to `train_step` are freed in the PixelStore
+(one free per reference, by rank 0) when the step returns — the batch is consumed, so the store holds
+only the in-flight working set between steps.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class TrainerRank:
         return True
 
     def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
-        return self.actor.train_step(groups, pixel_store=pixel_store)
+        """One update on the consumed groups; rank 0 then frees their screenshots in the store (the
+        controller copied the viewer's kept episodes out before this call, so it holds no reference)."""
+        return self.actor.train_step(groups, pixel_store=pixel_store, free_pixels=True)
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
         if self.rank != 0:

@@ -34,6 +34,7 @@ from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_los
 from asyncwebrl.training.samples import (
     TrainSample,
     build_forward_batch,
+    consumed_pixel_keys,
     fetch_pixels,
     micro_batches,
     samples_from_groups,
@@ -230,7 +231,9 @@ class FSDPActor:
     def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
                    free_pixels: bool = False) -> dict[str, float]:
         """One PPO training step on the global batch (every rank passes the same batch). Returns the
-        metrics of the whole global batch on every rank; the version is incremented."""
+        metrics of the whole global batch on every rank; the version is incremented. With `free_pixels`
+        rank 0 frees every PixelStore reference the batch holds once the update is done (the batch is
+        consumed; `TrainerRank` always asks for it)."""
         t0 = time.perf_counter()
         cfg = self.cfg
         samples = self.prepare(batch)
@@ -287,7 +290,10 @@ class FSDPActor:
         self.version += 1
         self.step += 1
         if free_pixels and pixel_store is not None and self.rank == 0:
-            pixel_store.free(sorted({k for s in samples for k in s.pixel_keys}))
+            # one free per reference: the batch is consumed, its screenshots go back to the store
+            keys = consumed_pixel_keys(batch)
+            if keys:
+                pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
     def _clip_and_step(self) -> float:
