@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from asyncwebrl.configtree import ConfigError
+from asyncwebrl.net import LOOPBACK
 
 BENCHMARKS = {
     "inference": ("asyncwebrl.bench.inference", "tokens/s of the embedded server at concurrency 1/8/32"),
@@ -20,6 +21,7 @@ BENCHMARKS = {
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+    "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
     "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
 }
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start an inference server speaking SGLang's native HTTP API")
     s.add_argument("--backend", choices=["hf"], default="hf", help="hf = embedded transformers engine")
     s.add_argument("--model", default="default", help="model folder, hub id, or 'default'")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--host", default=LOOPBACK, help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("view", help="write (and optionally serve) the HTML report of a run directory")
     v.add_argument("run_dir")
-    v.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1")
+    v.add_argument("--serve", action="store_true", help="serve the report on the loopback address")
     v.add_argument("--port", type=int, default=8765)
     v.set_defaults(func=cmd_view)
 

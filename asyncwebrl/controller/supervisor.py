@@ -103,6 +103,7 @@ class Supervisor:
                 pass
             ray.kill(old)
             # the same bundle of the rollout placement group, once Ray has released the old actor's slice
+            kw["multi_node"] = s.scheduler.spans_nodes  # it binds its node's address again
             new = s.scheduler.start("rollout", _server_host_class(), kw, index=index)
             got = ray.get(new.address.remote(), timeout=cfg.inference.startup_timeout_s + 60)
         else:

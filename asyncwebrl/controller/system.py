@@ -158,11 +158,15 @@ def _build_ray(s: System) -> None:
     from asyncwebrl.scheduling.trainer_host import start_trainer
 
     cfg = s.cfg
-    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address)
+    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address,
+                               auth_token_file=cfg.scheduler.ray_auth_token_file)
     alloc = cfg.allocation
-    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend))
+    base = cfg.inference.base_port
+    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend),
+                                     base_port=base)
     if cfg.test_rollout.enabled:
-        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf"))
+        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf"),
+                                       base_port=base + len(s.server_handles) if base else 0)
     s.server_addresses = ray.get([h.address.remote() for h in s.server_handles])
     s.test_addresses = ray.get([h.address.remote() for h in s.test_handles])
     if cfg.rollout.pixel_transport == "store":
@@ -187,12 +191,14 @@ def _build_local(s: System) -> None:
     devices = local_device_assignment(plan_roles(cfg), n_gpus)
     alloc = cfg.allocation
     kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend)
+    base = cfg.inference.base_port
     for i, dev in enumerate(devices["rollout"]):
-        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", **kw))
+        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", port=base + i if base else 0, **kw))
     if cfg.test_rollout.enabled:
         kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf")
         for i, dev in enumerate(devices["test-rollout"]):
-            s.test_handles.append(launch_server(device=dev, name=f"test{i}", **kw_test))
+            port = base + len(devices["rollout"]) + i if base else 0
+            s.test_handles.append(launch_server(device=dev, name=f"test{i}", port=port, **kw_test))
     s.server_addresses = [h.address for h in s.server_handles]
     s.test_addresses = [h.address for h in s.test_handles]
     if cfg.rollout.pixel_transport == "store":
@@ -226,6 +232,11 @@ def _build_rollout(s: System, resume_version: int) -> None:
     kwargs: dict[str, Any] = {"on_drop_group": free_group}
     if cfg.scheduler.type == "ray" and cfg.rollout.mode == "async":
         kwargs["cpus_per_worker"] = cfg.scheduler.cpus_per_role
+        pin = cfg.scheduler.role_resources.get("rollout")
+        if pin:  # rollout workers (browsers, episode loops) sit beside the rollout servers
+            from asyncwebrl.scheduling.placement import NODE_RESOURCE_SLIVER
+
+            kwargs["worker_resources"] = {pin: NODE_RESOURCE_SLIVER}
     s.rollout = make_rollout_controller(spec, cfg.rollout, cfg.scheduler.type, **kwargs)
     if resume_version:
         s.rollout.reseed(resume_version)

@@ -37,7 +37,7 @@ from asyncwebrl.inference.protocol import (
     parse_request,
 )
 from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, free_port
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 2**20
@@ -383,7 +383,7 @@ class ThreadServer:
         self._thread.join(timeout=30)
 
 
-def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = "127.0.0.1",
+def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = LOOPBACK,
                      api_key: str | None = None) -> ThreadServer:
     """Serve an (already started) engine from a background thread; returns once it accepts requests."""
     port = port or free_port(host)

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, WILDCARDS, advertised_address, bind_address, free_port
 
 __all__ = ["ServerProcess", "free_port", "launch_server", "server_command", "wait_healthy"]
 
@@ -102,15 +102,18 @@ def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess 
 
 
 def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype: str = "float32",
-                  host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                  host: str = LOOPBACK, port: int = 0, api_key: str | None = None,
                   max_batch_size: int = 32, max_context_len: int = 4096, log_dir: Path | None = None,
                   log_path: Path | str | None = None, startup_timeout: float = 300.0, cpu_threads: int = 0,
                   weight_sync_timeout_s: float | None = None, env: dict[str, str] | None = None,
-                  wait: bool = True, name: str = "server") -> ServerProcess:
+                  wait: bool = True, name: str = "server", multi_node: bool = False) -> ServerProcess:
     """Start one server process on `device` ('cpu' or 'cuda:N': the server then sees only GPU N, as
     cuda:0). Its log goes to `log_path`, or to `log_dir/NAME-PORT.log`, or nowhere. With `wait` it
-    returns once /health answers (stopping the process if it never does)."""
-    port = port or free_port(host)
+    returns once /health answers (stopping the process if it never does). `host` 'node' binds this
+    node's address (loopback unless `multi_node`, then Ray's node IP); a wildcard bind is advertised
+    at the node's address."""
+    host = bind_address(host, multi_node)
+    port = port or free_port(LOOPBACK if host in WILDCARDS else host)
     full_env = {**os.environ, **(env or {})}
     if device.startswith("cuda:"):
         full_env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
@@ -129,7 +132,7 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
     finally:
         if out is not subprocess.DEVNULL:
             out.close()
-    sp = ServerProcess(address=f"http://{host}:{port}", device=device, proc=proc,
+    sp = ServerProcess(address=f"http://{advertised_address(host, multi_node)}:{port}", device=device, proc=proc,
                        log_path=Path(log_path) if log_path is not None else None)
     if wait:
         try:

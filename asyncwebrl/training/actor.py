@@ -27,6 +27,7 @@ from torch import nn
 
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import VLMAdapter, load_model
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
@@ -92,7 +93,7 @@ def _decoder_layers(hf: nn.Module) -> list[nn.Module]:
 class FSDPActor:
     """One trainer rank. world_size=1 runs the same code without a process group or sharding."""
 
-    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = LOOPBACK,
                  master_port: int = 29500, device: str = "cpu", init_timeout_s: float = 300.0):
         cfg.validate()
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
