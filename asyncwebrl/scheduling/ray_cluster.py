@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, free_port
 
 
 @dataclass
@@ -82,7 +82,7 @@ class RayCluster:
             self.token_file = self.tmp / "token"
             self.token_file.write_text(secrets.token_hex(32))
             self.token_file.chmod(0o600)
-        head_ip = "127.0.0.1"
+        head_ip = LOOPBACK
         if self.worker_resources is not None:
             head_ip = self._make_netns()
         port = free_port(head_ip)
