@@ -51,3 +51,25 @@ def ray_spans_nodes() -> bool:
     import ray
 
     return ray.is_initialized() and sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+
+
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds `ip` on this machine (None if none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return None
+
+
+def collective_interface_env(ip: str) -> dict[str, str]:
+    """Environment that makes gloo (and NCCL's bootstrap) use the interface of `ip`: left alone,
+    gloo advertises the address the hostname resolves to, often loopback, which a peer on another
+    node cannot dial. Settings the user made already win."""
+    import os
+
+    iface = interface_of(ip)
+    if iface is None:
+        return {}
+    return {k: os.environ.get(k, iface) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}

@@ -47,7 +47,7 @@ class RayCluster:
     subnet: int = 0
     """third octet of the 10.231.X.0/24 veth subnet (distinct per concurrent cluster)"""
     token_auth: bool = True
-    start_timeout_s: float = 180.0
+    start_timeout_s: float = 420.0
     nodes: list[RayNode] = field(default_factory=list)
     address: str = ""
     token_file: Path | None = None
@@ -123,8 +123,11 @@ class RayCluster:
             for node in self.nodes:
                 if node.proc.poll() is not None:
                     raise RuntimeError(f"`ray start` of node {node.ip} exited: {self.logs()}")
-            out = subprocess.run([ray_bin, "status", "--address", self.address], env=self.env(),
-                                 capture_output=True, text=True, timeout=60)
+            try:
+                out = subprocess.run([ray_bin, "status", "--address", self.address], env=self.env(),
+                                     capture_output=True, text=True, timeout=max(10.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                continue  # a loaded machine: ask again until the deadline
             if out.returncode == 0 and out.stdout.count(" node_") >= n:
                 return
             time.sleep(1.0)

@@ -20,7 +20,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncwebrl.net import LOOPBACK, WILDCARDS, advertised_address, bind_address, free_port
+from asyncwebrl.net import (
+    LOOPBACK,
+    WILDCARDS,
+    advertised_address,
+    bind_address,
+    collective_interface_env,
+    free_port,
+)
 
 __all__ = ["ServerProcess", "free_port", "launch_server", "server_command", "wait_healthy"]
 
@@ -115,6 +122,8 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
     host = bind_address(host, multi_node)
     port = port or free_port(LOOPBACK if host in WILDCARDS else host)
     full_env = {**os.environ, **(env or {})}
+    if multi_node and host not in WILDCARDS:  # its collectives (the weight group) use the same interface
+        full_env.update(collective_interface_env(host))
     if device.startswith("cuda:"):
         full_env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         device_arg = "cuda:0"

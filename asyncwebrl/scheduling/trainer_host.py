@@ -26,7 +26,11 @@ class TrainerRank:
             # Ray pins fractional-CPU actors to one thread; the trainer needs the cores it shares.
             torch.set_num_threads(cpu_threads)
             os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+        from asyncwebrl.net import collective_interface_env, node_address
         from asyncwebrl.training.actor import FSDPActor
+
+        if multi_node:  # FSDP and the weight group talk over this node's address, not a loopback
+            os.environ.update(collective_interface_env(node_address(True)))
 
         self.rank = rank
         self.cfg = actor_cfg
