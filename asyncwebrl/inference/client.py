@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from asyncwebrl.inference.protocol import (
+from asyncwebrl.protocol import (
     GenerationOutput,
     ProtocolError,
     build_generate_payload,

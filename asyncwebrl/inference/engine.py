@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine
-from asyncwebrl.inference.protocol import (
+from asyncwebrl.protocol import (
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
