@@ -9,7 +9,7 @@ import pytest
 
 from asyncwebrl.inference.client import InferenceClient, InferenceUnavailable
 from asyncwebrl.inference.engine import HFEngine
-from asyncwebrl.inference.protocol import ProtocolError
+from asyncwebrl.protocol import ProtocolError
 from asyncwebrl.inference.server import launch_in_thread
 from asyncwebrl.net import free_port
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
-from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, parse_request
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, parse_request
 from asyncwebrl.models.vlm import encode_image_b64
 
 

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from asyncwebrl.inference.protocol import GenerationOutput
+from asyncwebrl.protocol import GenerationOutput
 from asyncwebrl.pixelstore.base import InProcessPixelStore
 from asyncwebrl.pixelstore.store import PixelStore
 from asyncwebrl.rollout.episode import run_episode
