@@ -135,9 +135,8 @@ def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_ke
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:
-    from asyncwebrl.models.prepare import resolve_model_path
-
     from asyncwebrl.httpguard import new_key
+    from asyncwebrl.models.prepare import resolve_model_path
 
     system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path),
                     api_key=cfg.inference.api_key or new_key())

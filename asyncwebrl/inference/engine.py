@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
 
