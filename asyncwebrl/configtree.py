@@ -5,6 +5,12 @@ the run is a tree of them (`asyncwebrl.config.RunConfig`). This module turns pla
 tree and keeps one invariant: a config object that exists is fully typed and validated. Unknown
 keys, wrong types and impossible values fail here, before any process starts, with the dotted key
 and (for typos) the closest valid keys in the message.
+
+Why not OmegaConf: its structured configs were tried for the merge and typing, and they do not hold
+this tree's types: `Literal[...]` choices (scheduler.type, rollout.mode, prox_logp_method ...) are
+not supported, unions only of primitives, and a wrong type surfaces as a generic validation error
+without the close-match hint for typos. The merge itself is twenty lines below, so the dependency
+was dropped rather than kept for half of the job.
 """
 
 from __future__ import annotations
