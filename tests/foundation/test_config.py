@@ -114,3 +114,13 @@ def test_every_config_key_is_read_somewhere():
     dead = [key for key, *_ in describe(RunConfig)
             if not re.search(r"\.%s\b|getattr\([^)]*[\"']%s[\"']" % ((re.escape(key.split(".")[-1]),) * 2), code)]
     assert dead == [], f"config keys accepted but read nowhere: {dead}"
+
+
+def test_overrides_interpolate_through_omegaconf(tmp_path, monkeypatch):
+    """Files and overrides are layered by OmegaConf: `${...}` references resolve before validation."""
+    from asyncwebrl.config import load_run_config
+
+    monkeypatch.setenv("AWRL_SCRATCH", str(tmp_path))
+    cfg = load_run_config(None, ["cluster.fileroot=${oc.env:AWRL_SCRATCH}/runs", "gconfig.n_samples=3",
+                                 "rollout.consumer_batch_size=${gconfig.n_samples}"])
+    assert cfg.cluster.fileroot == f"{tmp_path}/runs" and cfg.rollout.consumer_batch_size == 3
