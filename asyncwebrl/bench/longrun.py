@@ -64,7 +64,7 @@ class LongrunFigures:
     episodes: int
     """trajectories the trainer consumed"""
     failed_episodes: int
-    """trajectories that broke (rollout statistics: every worker's failed trajectories)"""
+    """episodes that ended failed (the typed rollout statistics, `RolloutStats.failed_episodes`)"""
     dropped_stale: int
     store_capacity_bytes: int
     store_bytes_put_total: int
@@ -193,16 +193,15 @@ def run_longrun(knobs: dict[str, Any], root: Path) -> LongrunFigures:
     finally:
         system.shutdown()
         run.close()
-    steps = int(summary["steps"])
+    steps = summary.steps
     put_per_step = st["bytes_put"] / max(1, steps)
     procs = [ProcessMemory(pid, role, round(mb, 1), round(pss_end[pid][1], 1) if pid in pss_end else None)
              for pid, (role, mb) in sorted(pss_start.items())]
     procs += [ProcessMemory(pid, role, 0.0, round(mb, 1)) for pid, (role, mb) in sorted(pss_end.items())
               if pid not in pss_start and mb > 1.0]
     return LongrunFigures(
-        steps=steps, episodes=int(summary["trajectories"]),
-        failed_episodes=failed_episodes(rstats),
-        dropped_stale=int(rstats.get("dropped_stale", 0)),
+        steps=steps, episodes=summary.trajectories, failed_episodes=rstats.failed_episodes,
+        dropped_stale=rstats.dropped_stale,
         store_capacity_bytes=int(st["capacity_bytes"]), store_bytes_put_total=int(st["bytes_put"]),
         store_bytes_peak=int(st["peak_bytes"]), store_bytes_end=int(st["bytes"]),
         store_bytes_after_step_max=max(after_step, default=0), store_items_end=int(st["items"]),
@@ -214,11 +213,6 @@ def run_longrun(knobs: dict[str, Any], root: Path) -> LongrunFigures:
         pss_mb_total_end=round(sum(mb for _, mb in pss_end.values()), 1),
         store_bytes_after_step=after_step,
     )
-
-
-def failed_episodes(rstats: Any) -> int:
-    """Failed trajectories of every rollout worker, from the rollout statistics."""
-    return int(rstats["failed_trajectories"])
 
 
 def main(overrides: list[str]) -> int:

@@ -94,8 +94,8 @@ def run_multinode(knobs: dict[str, Any], root: Path) -> MultinodeFigures:
     return MultinodeFigures(
         nodes=len(alive), distinct_node_ips=len(set(ips)), node_ips=ips, trainer_node_ip=trainer_ip,
         server_node_ips=server_ips, server_addresses=list(system.server_addresses),
-        pixelstore_prefixes=sorted(store.get("stores", {})), steps=int(summary["steps"]),
-        trajectories=int(summary["trajectories"]), failed_episodes=int(rstats["failed_trajectories"]),
+        pixelstore_prefixes=sorted(store.get("stores", {})), steps=summary.steps,
+        trajectories=summary.trajectories, failed_episodes=rstats.failed_episodes,
         missing_pixels=int(store.get("missing", 0)), weight_version_on_servers=versions,
     )
 

@@ -198,7 +198,7 @@ def run_soak(knobs: dict[str, Any], root: Path) -> dict[str, Any]:
 
 def summarize(res: dict[str, Any], warmup_frac: float) -> dict[str, Any]:
     samples = res["samples"]
-    total = res["summary"]["trajectories"]
+    total = res["summary"].trajectories
     after = [s for s in samples if s["episodes"] >= warmup_frac * total] or samples
     figs: dict[str, Any] = {}
     for comp in COMPONENTS:
@@ -225,13 +225,13 @@ def main(overrides: list[str]) -> int:
         res = run_soak(knobs, Path(d))
     figs = summarize(res, float(knobs["warmup_frac"]))
     summary, rollout, store = res["summary"], res["rollout"], res["store"]
-    episodes = int(summary["trajectories"])
+    episodes = summary.trajectories
     figs.update({
-        "episodes": episodes, "steps": int(summary["steps"]),
-        "failed_episodes": int(rollout["failed_trajectories"]),
+        "episodes": episodes, "steps": summary.steps,
+        "failed_episodes": rollout.failed_episodes,
         "success_rate": sum(res["successes"]) / max(1, len(res["successes"])),
         "wall_s": round(res["wall_s"], 1), "episodes_per_s": round(episodes / max(1e-9, res["wall_s"]), 2),
-        "lost_rollouts": int(rollout["lost_rollouts"]), "store_bytes_end": int(store["bytes"]),
+        "lost_rollouts": rollout.lost_rollouts, "store_bytes_end": int(store["bytes"]),
         "store_bytes_put": int(store["bytes_put"]), "store_items_at_end": int(store["items"]),
         "policy": f"the trained model ({knobs['model']}) on the embedded hf server; controller -> trainer rank",
         "samples": [{k: round(v, 2) for k, v in s.items() if k != "t"} for s in res["samples"]],

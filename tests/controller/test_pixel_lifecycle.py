@@ -42,7 +42,7 @@ def test_trainer_rank_frees_every_reference_of_a_consumed_batch(tmp_path):
         ctl = Controller(cfg, system, run)
         ctl.step_hooks.append(lambda c: c.state.step and held_after_step.append(store.stats()["bytes"]))
         summary = ctl.train()
-        assert summary["steps"] == steps
+        assert summary.steps == steps
         stats = store.stats()
         keys = {k for batch in consumed for k in batch}
         # history_k=2: a screenshot shared by two steps' windows is two references, both freed

@@ -3,6 +3,7 @@ soak through the production path (controller and trainer rank, real Chromium, Pi
 inference server) samples every component and writes soak.json."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_slope_fit_recovers_a_leak_and_a_flat_line():
     # warm-up growth is excluded from the fit
     samples = [{"episodes": x, "browsers": min(x, 1000.0) / 10, "pixelstore": 20.0, "inference_server": 400.0,
                 "controller": 900.0} for x in xs]
-    figs = summarize({"samples": samples, "summary": {"trajectories": 5000}}, warmup_frac=0.25)
+    figs = summarize({"samples": samples, "summary": SimpleNamespace(trajectories=5000)}, warmup_frac=0.25)
     assert figs["slope_mb_per_1k_episodes"]["browsers"] == pytest.approx(0.0)
     assert figs["browsers"]["pss_mb_max"] == pytest.approx(100.0)
 

@@ -12,7 +12,7 @@ from asyncwebrl.scheduling.ray_cluster import RayCluster
 pytestmark = pytest.mark.slow
 
 
-def _train(tmp_path, name: str, extra: list[str]) -> tuple[dict, str]:
+def _train(tmp_path, name: str, extra: list[str]) -> tuple[object, str]:
     import ray
 
     from asyncwebrl.controller.main import Controller
@@ -30,7 +30,7 @@ def _train(tmp_path, name: str, extra: list[str]) -> tuple[dict, str]:
     try:
         gcs = ray.get_runtime_context().gcs_address
         summary = Controller(cfg, system, run).train()
-        failed = system.rollout.stats()["failed_trajectories"]
+        failed = system.rollout.stats().failed_episodes
     finally:
         system.shutdown()
         run.close()
@@ -43,11 +43,11 @@ def test_trains_on_a_cluster_started_beforehand_and_a_default_run_succeeds_besid
     with RayCluster(head_resources={"awrl_test": 10.0}) as cluster:
         summary, gcs = _train(tmp_path, "joined", [f"scheduler.ray_address={cluster.address}",
                                                    f"scheduler.ray_auth_token_file={cluster.token_file}"])
-        assert summary["steps"] == 2 and gcs == cluster.address
+        assert summary.steps == 2 and gcs == cluster.address
         # a default run with the cluster advertised in the environment still gets its own instance
         monkeypatch.setenv("RAY_ADDRESS", cluster.address)
         summary, gcs = _train(tmp_path, "beside", [])
-        assert summary["steps"] == 2 and gcs != cluster.address
+        assert summary.steps == 2 and gcs != cluster.address
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 (network namespace)")
