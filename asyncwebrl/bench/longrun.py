@@ -154,7 +154,7 @@ def run_config(knobs: dict[str, Any], root: Path, screens: Path) -> Any:
         "env.type=synthetic", f"env.synthetic_replay_dir={screens}", f"env.viewport_width={int(knobs['width'])}",
         f"env.viewport_height={int(knobs['height'])}", f"env.max_steps={int(knobs['max_steps'])}",
         f"pixelstore.capacity_mb={int(knobs['capacity_mb'])}", "pixelstore.put_timeout_s=30",
-        "test_rollout.enabled=false", "stats.progress_bar=false", "stats.results_name=null",
+        "test_rollout.enabled=false", "stats.progress_bar=false",
         "stats.tensorboard=false", "stats.keep_episodes=8", "checkpoint.every_n_steps=0", f"seed={int(knobs['seed'])}",
     ])
 

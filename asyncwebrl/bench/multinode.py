@@ -70,7 +70,7 @@ def run_multinode(knobs: dict[str, Any], root: Path) -> MultinodeFigures:
             f"scheduler.role_resources.actor={TRAINER_RESOURCE}", f"scheduler.role_resources.rollout={ROLLOUT_RESOURCE}",
             f"env.type={knobs['env']}", f"env.tasks={knobs['tasks']}", "env.max_steps=2",
             "rollout.consumer_batch_size=1", "gconfig.n_samples=2", "test_rollout.enabled=false",
-            "stats.progress_bar=false", "stats.results_name=null", "stats.tensorboard=false",
+            "stats.progress_bar=false", "stats.tensorboard=false",
             "checkpoint.every_n_steps=0", f"seed={int(knobs['seed'])}",
         ])
         run = RunDir(cfg.run_dir, keep_episodes=2, tensorboard=False, seed=cfg.seed)

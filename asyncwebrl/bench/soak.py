@@ -149,7 +149,7 @@ def soak_config(knobs: dict[str, Any], root: Path) -> Any:
         f"env.max_steps={int(knobs['max_steps'])}", f"rollout.consumer_batch_size={int(knobs['batch_size'])}",
         f"rollout.max_concurrent_rollouts={int(knobs['concurrency'])}", f"gconfig.n_samples={int(knobs['n_samples'])}",
         f"gconfig.max_new_tokens={int(knobs['max_new_tokens'])}", f"pixelstore.capacity_mb={int(knobs['store_mb'])}",
-        "test_rollout.enabled=false", "stats.progress_bar=false", "stats.results_name=null", "stats.tensorboard=false",
+        "test_rollout.enabled=false", "stats.progress_bar=false", "stats.tensorboard=false",
         "stats.keep_episodes=4", "checkpoint.every_n_steps=0", f"seed={int(knobs['seed'])}",
     ])
 

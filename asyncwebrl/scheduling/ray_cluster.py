@@ -92,14 +92,26 @@ class RayCluster:
             "--ray-client-server-port", str(free_port(head_ip)),
             "--dashboard-agent-listen-port", str(free_port(head_ip)),
         ]
-        self._launch(head_cmd, head_ip, self.head_resources, None)
-        self._wait_nodes(1)
+        self._start_node(head_cmd, head_ip, self.head_resources, None, 1)
         if self.worker_resources is not None:
             ip = self._worker_ip
             cmd = ["ip", "netns", "exec", self._netns] + self._ray_start(ip, self.worker_resources) + [
                 "--address", self.address, "--dashboard-agent-listen-port", "52365"]
-            self._launch(cmd, ip, self.worker_resources, self._netns)
-            self._wait_nodes(2)
+            self._start_node(cmd, ip, self.worker_resources, self._netns, 2)
+
+    def _start_node(self, cmd: list[str], ip: str, resources: dict[str, float], netns: str | None, n: int,
+                    attempts: int = 3) -> None:
+        """`ray start` one node and wait for the cluster to list n nodes; a start that dies (Ray gives a
+        node 30 s to register, which a loaded machine can miss) is tried again."""
+        for attempt in range(attempts):
+            self._launch(cmd, ip, resources, netns)
+            try:
+                self._wait_nodes(n)
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.nodes.pop().proc.wait(30)
 
     def _ray_start(self, ip: str, resources: dict[str, float]) -> list[str]:
         ray_bin = str(Path(sys.executable).with_name("ray"))

@@ -18,7 +18,7 @@ def _cfg(tmp_path, steps: int, extra: list[str] = ()):
         f"cluster.fileroot={tmp_path}", f"total_train_steps={steps}", "actor.path=tiny-qwen2.5-vl",
         "scheduler.type=local", "env.type=synthetic", "env.max_steps=2", "env.history_k=2",
         "rollout.consumer_batch_size=2", "gconfig.n_samples=2", "test_rollout.enabled=false",
-        "stats.progress_bar=false", "stats.results_name=null", "stats.tensorboard=false", "stats.keep_episodes=2",
+        "stats.progress_bar=false", "stats.tensorboard=false", "stats.keep_episodes=2",
         "checkpoint.every_n_steps=0", "pixelstore.capacity_mb=1", *extra,
     ])
 

@@ -42,7 +42,7 @@ def test_n_inference_servers_changes_what_starts(tmp_path):
         f"cluster.fileroot={tmp_path}", "total_train_steps=1", "actor.path=tiny-qwen2.5-vl",
         "scheduler.type=local", "cluster.n_inference_servers=2", f"inference.base_port={base}",
         "env.type=synthetic", "env.max_steps=1", "rollout.consumer_batch_size=1", "gconfig.n_samples=2",
-        "test_rollout.enabled=false", "stats.progress_bar=false", "stats.results_name=null",
+        "test_rollout.enabled=false", "stats.progress_bar=false",
         "stats.tensorboard=false", "checkpoint.every_n_steps=0",
     ])
     run = RunDir(cfg.run_dir, keep_episodes=0, tensorboard=False)

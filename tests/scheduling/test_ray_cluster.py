@@ -22,7 +22,7 @@ def _train(tmp_path, name: str, extra: list[str]) -> tuple[object, str]:
     cfg = load_run_config(None, [
         f"cluster.fileroot={tmp_path}", f"trial_name={name}", "total_train_steps=2", "actor.path=tiny-qwen2.5-vl",
         "scheduler.type=ray", "env.type=synthetic", "env.max_steps=1", "rollout.consumer_batch_size=1",
-        "gconfig.n_samples=2", "test_rollout.enabled=false", "stats.progress_bar=false", "stats.results_name=null",
+        "gconfig.n_samples=2", "test_rollout.enabled=false", "stats.progress_bar=false",
         "stats.tensorboard=false", "checkpoint.every_n_steps=0", *extra,
     ])
     run = RunDir(cfg.run_dir, keep_episodes=0, tensorboard=False)
