@@ -100,7 +100,7 @@ class RayCluster:
             self._start_node(cmd, ip, self.worker_resources, self._netns, 2)
 
     def _start_node(self, cmd: list[str], ip: str, resources: dict[str, float], netns: str | None, n: int,
-                    attempts: int = 3) -> None:
+                    attempts: int = 5) -> None:
         """`ray start` one node and wait for the cluster to list n nodes; a start that dies (Ray gives a
         node 30 s to register, which a loaded machine can miss) is tried again."""
         for attempt in range(attempts):
