@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(kw_only=True)
 class PixelStoreConfig:
-    capacity_mb: int = 512
+    capacity_mb: float = 512
     """memory cap of one store; put blocks (back-pressure) when full"""
     put_timeout_s: float = 60.0
     """a put blocked by back-pressure longer than this raises"""
@@ -18,8 +18,8 @@ class PixelStoreConfig:
     """evict items older than this whatever their refcount (orphans of a dead consumer); 0 = never"""
 
     def validate(self) -> None:
-        if self.capacity_mb < 1:
-            raise ValueError("pixelstore.capacity_mb must be >= 1")
+        if self.capacity_mb < 0.01:
+            raise ValueError("pixelstore.capacity_mb must be >= 0.01")
         if self.put_timeout_s <= 0:
             raise ValueError("pixelstore.put_timeout_s must be > 0")
         if self.max_age_s < 0:
