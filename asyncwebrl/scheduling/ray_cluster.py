@@ -54,6 +54,7 @@ class RayCluster:
     tmp: Path | None = None
     _netns: str | None = None
     _veth: str | None = None
+    _launches: int = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> RayCluster:
@@ -100,7 +101,7 @@ class RayCluster:
             self._start_node(cmd, ip, self.worker_resources, self._netns, 2)
 
     def _start_node(self, cmd: list[str], ip: str, resources: dict[str, float], netns: str | None, n: int,
-                    attempts: int = 5) -> None:
+                    attempts: int = 8) -> None:
         """`ray start` one node and wait for the cluster to list n nodes; a start that dies (Ray gives a
         node 30 s to register, which a loaded machine can miss) is tried again."""
         for attempt in range(attempts):
@@ -120,7 +121,8 @@ class RayCluster:
                 "--object-store-memory", str(256 * 2**20)]
 
     def _launch(self, cmd: list[str], ip: str, resources: dict[str, float], netns: str | None) -> None:
-        log = open(self.tmp / f"ray-start-{len(self.nodes)}.log", "wb")  # noqa: SIM115 (the child owns it)
+        self._launches += 1
+        log = open(self.tmp / f"ray-start-{self._launches}-{ip}.log", "wb")  # noqa: SIM115 (the child owns it)
         try:
             proc = subprocess.Popen(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
