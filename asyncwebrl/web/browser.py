@@ -239,6 +239,8 @@ class BrowserPool:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         """the loop the browser was launched from (Playwright objects are bound to it)"""
+        self._pid: int | None = None
+        """process id of the browser of the current launch"""
 
     @classmethod
     def shared(cls, env_cfg: EnvConfig | None = None) -> BrowserPool:
@@ -272,29 +274,22 @@ class BrowserPool:
                 await self._browser.close()
             except Exception:
                 pass
+        # a switch Chromium ignores but keeps on its command line: it names THIS launch, so the pid
+        # found below is this pool's browser, never another pool's in the same process
+        marker = f"--asyncwebrl-pool={os.getpid()}-{id(self):x}-{self.launches + 1}"
         self._browser = await asyncio.wait_for(
-            self._pw.chromium.launch(executable_path=self.cfg.headless_shell, args=CHROMIUM_ARGS,
+            self._pw.chromium.launch(executable_path=self.cfg.headless_shell, args=[*CHROMIUM_ARGS, marker],
                                      handle_sigint=False, handle_sigterm=False, handle_sighup=False),
             timeout=60,
         )
+        self._pid = _pid_with_marker(self.cfg.headless_shell, marker)
         self.generation += 1
         self.launches += 1
 
     def browser_pid(self) -> int | None:
-        """Process id of the browser (for memory accounting and crash tests)."""
-        import psutil
-
-        if not self.connected():
-            return None
-        me = psutil.Process()
-        for p in me.children(recursive=True):
-            try:
-                cmd = p.cmdline()
-            except psutil.Error:
-                continue
-            if cmd and cmd[0] == self.cfg.headless_shell and not any(a.startswith("--type=") for a in cmd):
-                return p.pid
-        return None
+        """Process id of the browser this pool launched (recorded at launch; None when it is not
+        running). Used for memory accounting and crash tests."""
+        return self._pid if self.connected() else None
 
     async def acquire(self, previous: BrowserSession | None = None, cfg: EnvConfig | None = None) -> BrowserSession:
         """A session ready for an episode: `previous` itself while it is healthy and young, else a new one.
@@ -355,6 +350,21 @@ class BrowserPool:
             except Exception:
                 pass
             self._pw = None
+
+
+def _pid_with_marker(headless_shell: str, marker: str) -> int | None:
+    """The main (non --type=) Chromium process among this process's descendants whose command line
+    holds `marker`."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[0] == headless_shell and marker in cmd and not any(a.startswith("--type=") for a in cmd):
+            return p.pid
+    return None
 
 
 def browser_root_pids(headless_shell: str) -> list[int]:
