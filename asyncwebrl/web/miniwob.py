@@ -19,7 +19,8 @@ from typing import Any
 
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
-from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
+from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy, within_deadline
+from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.observe import MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
@@ -121,6 +122,8 @@ class MiniWoBEnv:
         self._instruction = ""
         self._done = True
         self.steps = 0
+        self._pending_blocked: list[BlockedRequest] = []
+        """fence records from the reset, reported with the first step"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -136,6 +139,10 @@ class MiniWoBEnv:
 
     async def reset(self, task: Task) -> Observation:
         url = self.task_url(task)
+        return await within_deadline(self._reset(task, url), self.cfg.reset_timeout_s,
+                                     f"reset of {task.task_id}", lambda: self.session)
+
+    async def _reset(self, task: Task, url: str) -> Observation:
         self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = NavigationPolicy([self.server.origin])
@@ -150,7 +157,8 @@ class MiniWoBEnv:
                 ready = await s.page.evaluate("WOB_TASK_READY")
             else:
                 raise EnvCrashed(f"MiniWoB task {task.task_id} did not become ready")
-            s.take_blocked()
+            self._pending_blocked = s.take_blocked()
+            s.take_navigations()
             s.episodes += 1
             self.task, self._done, self.steps = task, False, 0
             obs, _ = await self._observe()
@@ -179,6 +187,10 @@ class MiniWoBEnv:
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.session is None or self.task is None:
             raise RuntimeError("step() before reset()")
+        return await within_deadline(self._step(action), self.cfg.step_timeout_s,
+                                     f"step of {self.task.task_id}", lambda: self.session)
+
+    async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s = self.session
         prev_png = self._last_png
         was_done = self._done
@@ -197,10 +209,8 @@ class MiniWoBEnv:
             info["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             obs, state = await self._observe_or_crash()
             executed = False
-        blocked = s.take_blocked()
-        if blocked:
-            info["blocked"] = blocked
-            executed = False
+        blocked, self._pending_blocked = self._pending_blocked + s.take_blocked(), []
+        s.take_navigations()
         self.steps += 1
         done = bool(state["done"]) or was_done
         raw = float(state["raw"] or 0.0) if done and not was_done else 0.0
@@ -209,7 +219,7 @@ class MiniWoBEnv:
         self._last_png = obs.screenshot
         res = StepResult(
             reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
-            invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png,
+            invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png, blocked=blocked,
             info={**info, "discounted_reward": float(state["reward"] or 0.0) if done and not was_done else 0.0,
                   "reason": state.get("reason")},
         )
