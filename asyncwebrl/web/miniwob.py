@@ -101,7 +101,8 @@ _START_JS = """([seed, maxMs]) => {
 # One round trip per observation, returned as JSON text (cheaper to cross the protocol than objects).
 _STATE_JS = "(maxN) => JSON.stringify({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, " \
             "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, utterance: core.getUtterance(), " \
-            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : []})"
+            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : [], " \
+            "changes: window.__awr ? window.__awr.changes() : -1})"
 
 
 def task_name(task_id: str) -> str:
@@ -124,6 +125,8 @@ class MiniWoBEnv:
         self.steps = 0
         self._pending_blocked: list[BlockedRequest] = []
         """fence records from the reset, reported with the first step"""
+        self._changes = -1
+        """the page's change count at the last observation (see observe.RUNTIME_JS)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -177,6 +180,7 @@ class MiniWoBEnv:
             _STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0))
         png = await take_screenshot(page)
         self._elements = state["elements"]
+        self._changes = state["changes"]
         if not state["done"]:
             self._instruction = state["utterance"]
         if self.cfg.set_of_marks:
@@ -192,7 +196,7 @@ class MiniWoBEnv:
 
     async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s = self.session
-        prev_png = self._last_png
+        prev_png, prev_changes, prev_url = self._last_png, self._changes, s.page.url
         was_done = self._done
         info: dict[str, Any] = {}
         executed = False
@@ -217,9 +221,16 @@ class MiniWoBEnv:
         success = done and raw > 0
         self._done = self._done or done
         self._last_png = obs.screenshot
+        no_effect = (executed and not done and action["type"] in ("click", "type", "select", "scroll")
+                     and state["changes"] == prev_changes and obs.url == prev_url and obs.screenshot == prev_png)
+        if no_effect:
+            info.setdefault("error", "the action changed nothing on the page")
+        elif not executed and action is not None and action.get("type") == "type" and "drop-down" in info.get("error", ""):
+            no_effect = True
         res = StepResult(
             reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
             invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png, blocked=blocked,
+            no_effect=no_effect,
             info={**info, "discounted_reward": float(state["reward"] or 0.0) if done and not was_done else 0.0,
                   "reason": state.get("reason")},
         )

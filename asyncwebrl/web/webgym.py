@@ -208,6 +208,8 @@ class WebGymEnv:
         self._done = True
         self._pending_blocked: list[BlockedRequest] = []
         """fence records from the reset, reported with the first step"""
+        self._changes = -1
+        """the page's change count at the last observation (see observe.RUNTIME_JS)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -284,7 +286,7 @@ class WebGymEnv:
         n = MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0
         for attempt in range(4):
             try:
-                self._elements = json.loads(await page.evaluate(ELEMENTS_CALL, n))
+                self._elements, self._changes = json.loads(await page.evaluate(ELEMENTS_CALL, n))
                 png = await take_screenshot(page)
                 break
             except Exception as e:
@@ -337,6 +339,7 @@ class WebGymEnv:
 
     async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s, ev = self.session, self.task.spec["evaluator"]
+        prev_changes, prev_url = self._changes, s.page.url
         info: dict[str, Any] = {}
         executed, success, done = False, False, False
         blocked: list[BlockedRequest] = []
@@ -361,10 +364,16 @@ class WebGymEnv:
             executed = False
             obs = await self._observe()
         self._done = self._done or done
+        no_effect = (executed and not done and action["type"] in ("click", "type", "select", "scroll")
+                     and self._changes == prev_changes and obs.url == prev_url and obs.screenshot == self._last_png)
+        if no_effect:
+            info.setdefault("error", "the action changed nothing on the page")
+        elif not executed and action is not None and action.get("type") == "type" and "drop-down" in info.get("error", ""):
+            no_effect = True
         res = StepResult(reward=1.0 if success else 0.0, raw_reward=1.0 if success else 0.0, done=done,
                          success=success, invalid=not executed,
                          screenshot_unchanged=obs.screenshot == self._last_png, blocked=blocked,
-                         no_effect=bool(info.pop("no_effect", False)), info=info)
+                         no_effect=no_effect, info=info)
         self._last_png = obs.screenshot
         if s.policy.permits(obs.url)[0] and not obs.url.startswith("chrome-error:"):
             self._last_url = obs.url
