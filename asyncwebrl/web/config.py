@@ -33,8 +33,6 @@ class EnvConfig:
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
     """reward added for an unparsable or impossible action"""
-    browsers: int = 1
-    """browser processes (each hosts many contexts)"""
     recycle_context_every: int = 1
     """episodes one browser context serves. 1 (default): a fresh context every episode, so nothing a
     page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the
