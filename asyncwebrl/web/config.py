@@ -33,10 +33,14 @@ class EnvConfig:
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
     """reward added for an unparsable or impossible action"""
-    browsers: int = 1
-    """browser processes (each hosts many contexts)"""
-    recycle_context_every: int = 50
-    """episodes before a context is closed and recreated (keeps memory flat)"""
+    recycle_context_every: int = 1
+    """episodes one browser context serves. 1 (default): a fresh context every episode, so nothing a
+    page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the
+    context and ITS STORAGE across episodes (faster resets, episodes not isolated)"""
+    reset_timeout_s: float = 60.0
+    """deadline of one env.reset (page load included); a miss fails the episode (EnvDeadline)"""
+    step_timeout_s: float = 60.0
+    """deadline of one env.step (action, page settle, observation); a miss fails the episode"""
     episode_time_limit_s: float = 600.0
     """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
@@ -66,6 +70,8 @@ class EnvConfig:
             raise ValueError("env.viewport_width/height must be >= 32")
         if self.recycle_context_every < 1:
             raise ValueError("env.recycle_context_every must be >= 1")
+        if not (0 < self.reset_timeout_s <= 3600 and 0 < self.step_timeout_s <= 3600):
+            raise ValueError("env.reset_timeout_s and env.step_timeout_s must be in (0, 3600] seconds")
         if self.episode_time_limit_s <= 0:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:
