@@ -292,6 +292,7 @@ class InferenceServer:
         return web.json_response({
             **self.server_args,
             "backend": "hf",
+            "engine": type(e).__name__,
             "version": "asyncwebrl-hf",
             "weight_version": e.weight_version,
             "paused": e.paused,
@@ -317,7 +318,9 @@ def serve_main(args: argparse.Namespace) -> int:
     if getattr(args, "backend", "hf") != "hf":
         print(f"backend '{args.backend}' is served by its own launcher (see sglang_launcher)", file=sys.stderr)
         return 2
-    engine = HFEngine(
+    from asyncwebrl.inference.graph_engine import make_engine
+
+    engine = make_engine(
         args.model,
         device=getattr(args, "device", "cpu"),
         dtype=getattr(args, "dtype", "float32"),

@@ -169,3 +169,24 @@ def test_make_engine_picks_by_device_and_env(qwen_path, monkeypatch):
     monkeypatch.setenv("ASYNCWEBRL_ENGINE", "bogus")
     with pytest.raises(ValueError, match="auto, plain or graph"):
         make_engine(qwen_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qwen_path):
+    plain = HFEngine(qwen_path, device="cuda", max_batch_size=4)
+    graph = GraphEngine(qwen_path, device="cuda", max_batch_size=4, max_context_len=512)
+    assert graph.decoder.use_graphs
+    for e in (plain, graph):
+        e.start()
+    try:
+        assert graph.stats["graphs"] > 0
+        prompts, _ = _prompts(graph)
+        lens = [5, 12, 3, 9, 7]
+        outs = [_run(e, [_req(p, n, image=im, temperature=0, ignore_eos=True)
+                         for (p, im), n in zip(prompts, lens, strict=True)]) for e in (plain, graph)]
+        for a, b in zip(*outs, strict=True):
+            assert a.output_ids == b.output_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+    finally:
+        for e in (plain, graph):
+            e.stop()
