@@ -98,10 +98,11 @@ def eval_main(cfg, checkpoint: str | None) -> int:
 
     model = checkpoint or resolve_model_path(cfg.actor.path)
     server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
+                           max_context_len=cfg.inference.max_context_len,
                            startup_timeout=cfg.inference.startup_timeout_s)
     try:
         adapter = VLMAdapter(model)
-        client = InferenceClient([server.address], api_key=cfg.inference.api_key)
+        client = InferenceClient([server.address], api_key=server.api_key)
         tasks = eval_tasks(resolve_task_names(cfg.test_rollout.tasks), cfg.test_rollout.n_episodes, cfg.env.max_steps)
         sampling = eval_sampling(cfg, adapter)
         figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,

@@ -9,9 +9,9 @@ import pytest
 
 from asyncwebrl.inference.client import InferenceClient, InferenceUnavailable
 from asyncwebrl.inference.engine import HFEngine
-from asyncwebrl.inference.protocol import ProtocolError
 from asyncwebrl.inference.server import launch_in_thread
 from asyncwebrl.net import free_port
+from asyncwebrl.protocol import ProtocolError
 
 SAMPLING = {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}
 

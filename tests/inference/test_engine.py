@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
-from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, parse_request
 from asyncwebrl.models.vlm import encode_image_b64
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, parse_request
 
 
 @pytest.fixture(scope="module")

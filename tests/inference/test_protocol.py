@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncwebrl.inference.protocol import (
+from asyncwebrl.protocol import (
     REQUEST_TYPES,
     GenerateRequest,
     InitWeightsUpdateGroupRequest,

@@ -89,7 +89,7 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
             ctl.update_weights(transfer)
             assert server.engine.weight_version == str(v + 1) and not server.engine.paused
         st = ctl.stats()
-        assert st["consumed_groups"] == 2 and st["failed_rollouts"] == 0
+        assert st.consumed_groups == 2 and st.failed_rollouts == 0
     finally:
         ctl.shutdown()
         asyncio.run(updater.aclose())
