@@ -12,7 +12,7 @@ from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
 from asyncwebrl.inference.graph_engine import GraphEngine, make_engine
-from asyncwebrl.inference.protocol import GenerateRequest, parse_request
+from asyncwebrl.protocol import GenerateRequest, parse_request
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import encode_image_b64
 
