@@ -80,6 +80,12 @@ def cmd_record_screens(args) -> int:
     return record_main(args.out, args.episodes, args.tasks, args.seed)
 
 
+def cmd_record_latency(args) -> int:
+    from asyncwebrl.web.latency import record_latency_main
+
+    return record_latency_main(args.out, args.episodes, args.concurrency, args.tasks, args.seed)
+
+
 def cmd_prepare_model(args) -> int:
     from asyncwebrl.models.prepare import prepare_all
 
@@ -170,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=cmd_record_screens)
+
+    rl = sub.add_parser("record-latency", help="time page loads, actions and session warm-up on real Chromium "
+                                               "(a JSON file the synthetic env replays)")
+    rl.add_argument("out", help="JSON file to write")
+    rl.add_argument("--episodes", type=int, default=48)
+    rl.add_argument("--concurrency", type=int, default=8, help="sessions at a time")
+    rl.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
+    rl.add_argument("--seed", type=int, default=0)
+    rl.set_defaults(func=cmd_record_latency)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
     pm.add_argument("--force", action="store_true", help="rebuild even if present")

@@ -399,6 +399,7 @@ class InferenceServer:
         return web.json_response({
             **self.server_args,
             "backend": "hf",
+            "engine": type(e).__name__,
             "version": "asyncwebrl-hf",
             "weight_version": e.weight_version,
             "paused": e.paused,
@@ -462,7 +463,9 @@ def serve_main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read the API key: {e}", file=sys.stderr)
         return 2
-    engine = HFEngine(
+    from asyncwebrl.inference.graph_engine import make_engine
+
+    engine = make_engine(
         args.model,
         device=getattr(args, "device", "cpu"),
         dtype=getattr(args, "dtype", "float32"),

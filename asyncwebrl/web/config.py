@@ -60,6 +60,14 @@ class EnvConfig:
     synthetic_replay_dir: str | None = None
     """synthetic env: folder of recorded *.png screenshots shown instead of drawn pages
     (record real MiniWoB++ pages with `asyncwebrl record-screens DIR`)"""
+    synthetic_latency_file: str | None = None
+    """synthetic env: latencies measured on real Chromium (`asyncwebrl record-latency FILE`); steps, resets
+    and each fresh env's first-reset warm-up are drawn from its samples instead of the log-normal"""
+    synthetic_length_median: float | None = None
+    """synthetic env: heavy-tailed episode lengths, log-normal with this median (capped at env.max_steps);
+    None = the success/failure profile"""
+    synthetic_length_sigma: float = 1.0
+    """synthetic env: log-normal sigma of the heavy-tailed episode lengths (1.0: p95 ~ 5x the median)"""
 
     def validate(self) -> None:
         if self.max_steps < 1:
@@ -80,5 +88,13 @@ class EnvConfig:
             folder = Path(self.synthetic_replay_dir)
             if not folder.is_dir() or not any(folder.glob("*.png")):
                 raise ValueError(f"env.synthetic_replay_dir {folder} is not a folder of *.png screenshots")
+        if self.synthetic_length_median is not None and self.synthetic_length_median < 1:
+            raise ValueError("env.synthetic_length_median must be >= 1 (or null)")
+        if self.synthetic_length_sigma < 0:
+            raise ValueError("env.synthetic_length_sigma must be >= 0")
+        if self.synthetic_latency_file is not None and self.type == "synthetic":
+            from asyncwebrl.web.latency import LatencyTable
+
+            LatencyTable.load(self.synthetic_latency_file)  # a clear error now, not in a rollout worker
         if self.type == "webgym" and not self.task_file:
             raise ValueError("env.type=webgym needs env.task_file")
