@@ -1,12 +1,14 @@
 """The controller: the PPO trainer loop that drives every other component (SPEC section 2).
 
-Per step: prepare_batch (rollout keeps generating meanwhile) -> PPO update on the actor (pi_prox
-recompute, advantages, decoupled loss) -> pause rollout -> weight update (xccl broadcast or disk)
--> version += 1 -> resume -> checkpoint every N steps (or when test rollout asks) -> metrics.
+Per step: prepare_batch (rollout keeps generating meanwhile) -> the task curriculum observes the
+consumed groups and pushes new sampling weights down to the rollout workers (adaptive sampling) ->
+PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> pause rollout -> weight
+update (xccl broadcast or disk) -> version += 1 -> resume -> checkpoint every N steps (or when test
+rollout asks) -> metrics.
 
 Invariants: the version the rollout side tags tokens with is set only after the servers hold the
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
-sampler position and staleness seed beside the weights), and `recover=auto` resumes from the newest
+sampler position, staleness seed and curriculum tracker beside the weights), and `recover=auto` resumes from the newest
 complete one with the version numbering continued.
 """
 
@@ -52,6 +54,14 @@ class LoopState:
     duplicates: int = 0
 
 
+def make_curriculum(cfg: RunConfig):
+    """The run's task curriculum over the training tasks (uniform mode: tracking only)."""
+    from asyncwebrl.rollout.curriculum import TaskCurriculum
+    from asyncwebrl.web.tasks import make_task_sampler
+
+    return TaskCurriculum(make_task_sampler(cfg.env).task_ids, cfg.env.task_sampling)
+
+
 def batch_figures(groups) -> dict[str, Any]:
     trajs = [t for g in groups for t in g.trajectories]
     ok = [t for t in trajs if not t.failed]
@@ -83,6 +93,9 @@ class Controller:
         self.state = LoopState()
         self.ckpt_root = run.root / "checkpoints"
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
+        self.curriculum = make_curriculum(cfg)
+        self.zero_adv_groups = 0
+        """consumed groups whose advantages were all zero (wasted rollout), whole run"""
         self.step_hooks: list[Any] = []
         """callables hook(controller) run at the start of every step (fault injection, probes)"""
 
@@ -92,7 +105,9 @@ class Controller:
         the servers serve its weights before any rollout is tagged with its version."""
         if ckpt is None:
             return
-        self.sys.trainer.load_checkpoint(str(ckpt))  # returns the extra state; step/version are on disk
+        extra = self.sys.trainer.load_checkpoint(str(ckpt)) or {}  # step/version are on disk
+        if extra.get("curriculum"):
+            self.curriculum.load_state_dict(extra["curriculum"])
         meta = json.loads((ckpt / "trainer_state.json").read_text())
         self.state.version = int(meta["version"])
         self.state.step = int(meta["step"])
@@ -138,7 +153,12 @@ class Controller:
         return {}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version}
+        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version,
+                "curriculum": self.curriculum.state_dict()}
+
+    def _push_task_weights(self) -> None:
+        if self.curriculum.adaptive:
+            self.sys.rollout.set_task_weights(self.curriculum.weights())
 
     def _keep_episodes(self, groups) -> None:
         store = self.sys.pixel_store
@@ -174,6 +194,11 @@ class Controller:
         run.log_phase(st.step, "rollout_wait", t0, t1)
         self._track_ids(groups)
         figs = batch_figures(groups)
+        zero_adv = self.curriculum.observe(groups)  # the consumed groups flow back into task sampling
+        self.zero_adv_groups += zero_adv
+        self._push_task_weights()
+        cur = self.curriculum.record()
+        run.log_metrics("curriculum", st.step + 1, cur.flat())
         hist = staleness_hist(groups, st.version)
         self._keep_episodes(groups)
         metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store)
@@ -208,6 +233,9 @@ class Controller:
             **figs,
             **{k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, dict, list))},
             "version": st.version,
+            "zero_adv_groups": zero_adv,
+            "zero_adv_frac": zero_adv / max(1, len(groups)),
+            "tasks_in_zone": cur.in_zone,
             "staleness_hist": hist,
             "dropped_stale": rstats.get("dropped_stale", 0),
             "rollout_idle_frac": rstats.get("rollout_idle_frac", rstats.get("idle_fraction", 0.0)),
@@ -233,6 +261,7 @@ class Controller:
     def train(self, resume_from: Path | None = None) -> dict[str, Any]:
         cfg = self.cfg
         self.maybe_resume(resume_from)
+        self._push_task_weights()
         if self.sys.test_rollout is not None and resume_from is None:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
             self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
@@ -276,6 +305,10 @@ class Controller:
             "dropped_stale": rstats.get("dropped_stale", 0),
             "failed_episodes": rstats.get("failed", rstats.get("failed_episodes", 0)),
             "trainer_idle_frac": self.state.waited_s / max(1e-9, time.monotonic() - self.state.t_start),
+            "task_sampling": self.curriculum.cfg.mode,
+            "zero_adv_groups": self.zero_adv_groups,
+            "task_success_ema": self.curriculum.record().success,
+            "task_share": self.curriculum.record().share,
         }
 
 
