@@ -233,6 +233,7 @@ class Controller:
             **figs,
             **{k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, dict, list))},
             "version": st.version,
+            "n_groups": len(groups),
             "zero_adv_groups": zero_adv,
             "zero_adv_frac": zero_adv / max(1, len(groups)),
             "tasks_in_zone": cur.in_zone,
@@ -338,6 +339,10 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
                 summary["eval_first"] = evals[0]["success_rate"]
                 summary["eval_last"] = evals[-1]["success_rate"]
                 summary["eval_gain"] = summary["eval_last"] - summary["eval_first"]
+            held = [r for r in evals if r.get("heldout_success_rate") is not None]
+            if held:
+                summary["heldout_eval_first"] = held[0]["heldout_success_rate"]
+                summary["heldout_eval_last"] = held[-1]["heldout_success_rate"]
         run.write_summary(summary)
         run.log_metrics("summary", ctl.state.step, {k: v for k, v in summary.items() if not isinstance(v, list)})
     finally:
@@ -369,7 +374,9 @@ def find_resume(cfg: RunConfig, root: Path) -> tuple[Path | None, int]:
 def _eval_records(root: Path) -> list[dict[str, Any]]:
     from asyncwebrl.controller.rundir import read_jsonl
 
-    return [{"version": r.get("version"), "success_rate": r.get("success_rate")}
+    return [{"version": r.get("version"), "success_rate": r.get("success_rate"),
+             "heldout_success_rate": r.get("heldout_success_rate"), "per_task": r.get("per_task"),
+             "heldout_per_task": r.get("heldout_per_task")}
             for r in read_jsonl(root / "metrics.jsonl") if r.get("kind") == "eval"]
 
 
@@ -380,6 +387,8 @@ def _print_summary(cfg: RunConfig, root: Path, summary: dict[str, Any]) -> None:
     print(f"success (train)    first {summary['window']} steps {summary['success_first']:.3f} -> "
           f"last {summary['window']} steps {summary['success_last']:.3f}  (gain {summary['success_gain']:+.3f})")
     for r in summary.get("eval", []):
-        print(f"eval               version {r['version']}: success {r['success_rate']:.3f}")
+        held = r.get("heldout_success_rate")
+        print(f"eval               version {r['version']}: success {r['success_rate']:.3f}"
+              + (f"   held-out {held:.3f}" if held is not None else ""))
     print(f"logs and plots     {root / 'metrics.jsonl'}, tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")
     print(json.dumps({k: v for k, v in summary.items() if k != 'eval'}))
