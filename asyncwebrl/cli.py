@@ -41,7 +41,11 @@ def cmd_train(args) -> int:
     cfg = _config(args)
     from asyncwebrl.controller.main import run_training
 
-    run_training(cfg)
+    record = (args.record_as or "train-default") if args.record else None
+    if args.record_as and not args.record:
+        print("--record-as needs --record", file=sys.stderr)
+        return 2
+    run_training(cfg, record=record)
     return 0
 
 
@@ -100,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run PPO training (async everlasting pool, or rollout.mode=sync)")
     with_config(t)
     t.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
+    t.add_argument("--record", action="store_true",
+                   help="also write the run summary to bench/results/train-default.json (or --record-as NAME)")
+    t.add_argument("--record-as", metavar="NAME", default=None, help="with --record: bench/results/NAME.json")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("serve", help="start an inference server speaking SGLang's native HTTP API")

@@ -37,8 +37,6 @@ class StatsConfig:
     """show a progress bar with the headline numbers while training"""
     keep_episodes: int = 64
     """episodes (with screenshots) kept in the run directory for the viewer"""
-    results_name: str | None = None
-    """also write the run summary to bench/results/NAME.json (the default run: train-default)"""
 
 
 @dataclass(kw_only=True)

@@ -117,12 +117,12 @@ def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1) -> Ar
 
     trial = f"{name}-s{seed}-{int(time.time())}"
     ovs = [f"cluster.fileroot={fileroot}", f"trial_name={trial}", f"seed={seed}", "stats.progress_bar=false",
-           "stats.results_name=null", "stats.keep_episodes=0", *overrides]
+           "stats.keep_episodes=0", *overrides]
     cfg = load_run_config(None, ovs)
-    summary = run_training(cfg)
+    summary = run_training(cfg)  # no record: only the benchmark writes bench/results
     root = Path(cfg.run_dir)
     recs = read_jsonl(root / "metrics.jsonl")
     evals = sorted((EvalRow.from_record(r) for r in recs if r.get("kind") == "eval"), key=lambda e: e.version)
-    return ArmResult(name=name, seed=seed, overrides=ovs, run_dir=str(root), wall_s=float(summary["wall_time_s"]),
-                     setup_s=float(summary["setup_s"]),
+    return ArmResult(name=name, seed=seed, overrides=ovs, run_dir=str(root), wall_s=summary.wall_time_s,
+                     setup_s=summary.setup_s,
                      steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals)

@@ -33,7 +33,7 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
     try:
         ctl = Controller(cfg, system, run)
         summary = ctl.train()
-        assert summary["steps"] == steps and summary["version"] == steps
+        assert summary.steps == steps and summary.version == steps
 
         # weights reached every train-rollout server: same version, bit-identical to the trainer's
         from asyncwebrl.inference.engine import params_checksum
@@ -61,9 +61,9 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
 
         # nothing lost, nothing duplicated
         stats = system.rollout.stats()
-        assert stats["consumed_groups"] == steps * cfg.rollout.consumer_batch_size
-        assert stats["lost_rollouts"] == 0
-        assert summary["duplicates"] == 0
+        assert stats.consumed_groups == steps * cfg.rollout.consumer_batch_size
+        assert stats.lost_rollouts == 0 and stats.failed_episodes == summary.failed_episodes == 0
+        assert summary.duplicates == 0
         train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["version"] for r in train] == list(range(1, steps + 1))
         assert all(r["n_trajectories"] == 2 for r in train)

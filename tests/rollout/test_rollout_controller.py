@@ -89,7 +89,7 @@ def test_prepare_batch_times_out_with_a_clear_error_when_rollouts_all_fail():
         with pytest.raises(RolloutUnavailable, match="0 of 2 groups"):
             ctl.prepare_batch(timeout_s=0.5)
         assert time.monotonic() - t0 < 5
-        assert ctl.stats()["failed_rollouts"] > 0
+        assert ctl.stats().failed_rollouts > 0
     finally:
         ctl.shutdown()
 
@@ -139,11 +139,11 @@ def test_stale_groups_are_dropped_counted_and_replaced():
     ctl = RolloutController.local(sim_spec(tr), cfg, on_drop_group=dropped.append).start()
     try:
         t0 = time.monotonic()
-        while ctl.stats()["pending_groups"] < 2 and time.monotonic() - t0 < 10:
+        while ctl.stats().pending_groups < 2 and time.monotonic() - t0 < 10:
             time.sleep(0.01)
         ctl.set_version(3)  # a jump: everything made at version 0 is now 3 versions old (> eta = 1)
         batch = ctl.prepare_batch(timeout_s=10)
         assert all(g.head_version >= 2 for g in batch)
-        assert len(dropped) >= 2 and ctl.stats()["dropped_stale"] == len(dropped)
+        assert len(dropped) >= 2 and ctl.stats().dropped_stale == len(dropped)
     finally:
         ctl.shutdown()
