@@ -31,6 +31,18 @@ MINIWOB_ORACLE = [
 """tasks with a scripted oracle solver (asyncwebrl.web.oracles)"""
 
 
+MINIWOB_MEDIUM = [
+    "enter-text", "enter-password", "login-user", "click-checkboxes", "click-option", "click-button-sequence",
+    "click-collapsible", "click-tab-2-easy",
+]
+"""two- and three-step tasks reachable with click and type (fill a field and submit, tick boxes and
+submit, open a section then click): give them env.max_steps >= 4; they start near zero for the 135M
+default, so they pay off in runs longer than the 30-minute default"""
+
+MINIWOB_HELDOUT = ["click-test-transfer", "click-widget"]
+"""single-step cousins of miniwob-easy that the default run never trains on (its held-out evaluation)"""
+
+
 def miniwob_all() -> list[str]:
     from asyncwebrl.web.miniwob import miniwob_html_dir
 
@@ -40,6 +52,8 @@ def miniwob_all() -> list[str]:
 SUBSETS = {
     "miniwob-easy": lambda: list(MINIWOB_EASY),
     "miniwob-oracle": lambda: list(MINIWOB_ORACLE),
+    "miniwob-medium": lambda: list(MINIWOB_MEDIUM),
+    "miniwob-heldout": lambda: list(MINIWOB_HELDOUT),
     "miniwob-all": miniwob_all,
 }
 
