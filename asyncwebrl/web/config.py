@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+
+@dataclass(kw_only=True)
+class TaskSamplingConfig:
+    """How the rollout workers pick the next task (asyncwebrl.rollout.curriculum has the formulas)."""
+
+    mode: Literal["uniform", "adaptive"] = "uniform"
+    """uniform = shuffled passes over the tasks; adaptive = priority p(1-p) from each task's success EMA"""
+    epsilon: float = 0.05
+    """productive zone [epsilon, 1-epsilon] of the success EMA; outside it a task keeps only the floor"""
+    ema_alpha: float = 0.3
+    """weight of the newest consumed group in a task's success EMA"""
+    floor: float = 0.2
+    """exploration share spread evenly over all tasks, so no task starves"""
+    min_groups: int = 1
+    """consumed groups a task needs before its own estimate counts (before: top priority)"""
+
+    def validate(self) -> None:
+        if not 0 <= self.epsilon < 0.5:
+            raise ValueError("env.task_sampling.epsilon must be in [0, 0.5)")
+        if not 0 < self.ema_alpha <= 1:
+            raise ValueError("env.task_sampling.ema_alpha must be in (0, 1]")
+        if not 0 < self.floor <= 1:
+            raise ValueError("env.task_sampling.floor must be in (0, 1] (0 would let a task starve)")
+        if self.min_groups < 0:
+            raise ValueError("env.task_sampling.min_groups must be >= 0")
 
 
 @dataclass(kw_only=True)
@@ -15,6 +41,8 @@ class EnvConfig:
     """task subset name (miniwob-easy, miniwob-all, ...) or a comma-separated list of task names"""
     task_file: str | None = None
     """WebGym-style JSONL task file (env.type=webgym)"""
+    task_sampling: TaskSamplingConfig = field(default_factory=TaskSamplingConfig)
+    """how the next training task is chosen (uniform or adaptive)"""
     max_steps: int = 4
     """step budget of one episode"""
     viewport_width: int = 160
