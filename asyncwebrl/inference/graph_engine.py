@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
-from asyncwebrl.protocol import finish_reason
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
+from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 
