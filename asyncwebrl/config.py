@@ -101,10 +101,23 @@ class RunConfig:
         """Held-out tasks must be real task names and disjoint from the training tasks."""
         if not self.test_rollout.heldout_tasks.strip():
             return
-        if self.env.type != "miniwob":
-            raise ConfigError("test_rollout.heldout_tasks names MiniWoB tasks; it needs env.type=miniwob")
         from asyncwebrl.web.tasks import resolve_task_names
 
+        if self.env.type != "miniwob":
+            # the default file's held-out set is MiniWoB's; on another env it cannot run, so it is
+            # switched off with a warning rather than failing `train env.type=webgym ...`
+            try:
+                resolve_task_names(self.test_rollout.heldout_tasks)
+            except ValueError:
+                raise ConfigError("test_rollout.heldout_tasks names MiniWoB tasks or sets; it needs "
+                                  "env.type=miniwob") from None
+            import logging
+
+            logging.getLogger("asyncwebrl").warning(
+                "test_rollout.heldout_tasks=%s names MiniWoB tasks but env.type=%s: held-out evaluation is off",
+                self.test_rollout.heldout_tasks, self.env.type)
+            self.test_rollout.heldout_tasks = ""
+            return
         try:
             held = resolve_task_names(self.test_rollout.heldout_tasks)
             train = resolve_task_names(self.env.tasks)
