@@ -168,6 +168,9 @@ class InferenceServer:
         if pol.needs_key(request.path) and not httpguard.keys_equal(
                 httpguard.bearer(request.headers.get("Authorization")), pol.api_key):
             return self._refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
+        refused = httpguard.body_type_refusal(request)
+        if refused is not None:
+            return self._refuse(*refused)
         try:
             return await handler(request)
         except ProtocolError as e:

@@ -31,7 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asyncwebrl.httpguard import keys_equal, refusal, served_names
+from asyncwebrl.httpguard import body_type_refusal, keys_equal, refusal, served_names
 from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable
 
@@ -83,13 +83,12 @@ def build_app(store: PixelStore, token: str):
     @web.middleware
     async def auth(request, handler):
         # the gate of every listener (asyncwebrl.httpguard): no browser, no foreign Host, sized bodies
-        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES, json_body=False)
+        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES)
         if refused is None and not keys_equal(request.headers.get(TOKEN_HEADER), token):
             refused = 401, "missing or wrong token"
-        if refused is None and request.can_read_body:
-            want = "application/octet-stream" if request.path == "/put_batch" else "application/json"
-            if request.content_type != want:
-                refused = 415, f"{request.path} takes {want} bodies (got '{request.content_type}')"
+        if refused is None:
+            refused = body_type_refusal(request, "application/octet-stream" if request.path == "/put_batch"
+                                        else "application/json")
         if refused is not None:
             return web.json_response({"error": refused[1]}, status=refused[0])
         try:
