@@ -269,7 +269,8 @@ class NetworkFence:
     async def close_gate(self, port: int) -> None:
         if self.closed:
             return
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(port), self._loop))
+        await asyncio.wait_for(
+            asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(port), self._loop)), 10)
 
     def close(self) -> None:
         if self.closed:
