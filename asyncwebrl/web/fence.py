@@ -196,7 +196,7 @@ class NavigationPolicy:
         else:
             try:
                 addresses = await asyncio.wait_for(resolve(host), RESOLVE_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError, UnicodeError) as e:
+            except (TimeoutError, OSError, UnicodeError) as e:
                 return None, BlockedRequest(target, "unreachable", f"cannot resolve {host}: {type(e).__name__}")
             if not addresses:
                 return None, BlockedRequest(target, "unreachable", f"{host} resolves to no address")
@@ -328,7 +328,7 @@ class NetworkFence:
         if blocked is None:
             try:
                 return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, OSError) as e:
                 blocked = BlockedRequest(shown, "unreachable", f"{host}:{port} ({address}) did not answer: "
                                                                f"{type(e).__name__}")
         blocked = BlockedRequest(shown, blocked.kind, blocked.reason)

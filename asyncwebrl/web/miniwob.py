@@ -20,8 +20,8 @@ from typing import Any
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy, within_deadline
-from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.observe import MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
 

@@ -31,10 +31,15 @@ from urllib.parse import urljoin, urlsplit
 
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, SiteUnreachable, StepResult, Task
-from asyncwebrl.web.browser import (BrowserPool, BrowserSession, NavigationPolicy, fence_target_matches,
-                                    within_deadline)
-from asyncwebrl.web.fence import BlockedRequest
+from asyncwebrl.web.browser import (
+    BrowserPool,
+    BrowserSession,
+    NavigationPolicy,
+    fence_target_matches,
+    within_deadline,
+)
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.observe import ELEMENTS_CALL, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
 DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
