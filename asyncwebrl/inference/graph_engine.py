@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
-from asyncwebrl.protocol import finish_reason
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
 from asyncwebrl.models.vision_attention import batch_vision_attention
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
+from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The rollout controller: owns the executors, the pending-results queue, and weight-update brackets.
 
-The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `update_weights(fn)`,
-`stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
+The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `set_task_weights`,
+`update_weights(fn)`, `stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
 sync_pool.py) stays behind that interface. The controller never imports training code: the weight
 transfer itself is the `fn` passed to `update_weights` (an xccl broadcast from the trainer, or a disk
 reload through the inference client).
@@ -287,6 +287,10 @@ class RolloutController:
         self.staleness.set_version(version)
         self._version = version
         self._each_host("set_version", version)
+
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        """Push task-sampling weights (from the trainer-side curriculum) to every worker's task sampler."""
+        self._each_host("set_task_weights", weights)
 
     def reseed(self, version: int) -> None:
         """Resume from a checkpoint at `version` (call before start)."""

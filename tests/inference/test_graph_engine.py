@@ -12,9 +12,9 @@ from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
 from asyncwebrl.inference.graph_engine import GraphEngine, make_engine
-from asyncwebrl.protocol import GenerateRequest, parse_request
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import encode_image_b64
+from asyncwebrl.protocol import GenerateRequest, parse_request
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,8 @@ def test_local_pixel_store_binds_loopback_and_needs_its_token():
             assert _post(srv.port, "/free", json.dumps({"keys": [key]}).encode(), headers)[0] == 401
         assert client.get([key]) == [b"secret screenshot"]  # the refused free did nothing
         # garbage from a holder of the token is a 400, not a crash
-        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token})
+        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token,
+                                                                  "Content-Type": "application/json"})
         assert status == 400
         assert client.get([key]) == [b"secret screenshot"]
     finally:
