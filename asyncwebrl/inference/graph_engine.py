@@ -76,6 +76,11 @@ class GraphEngine(HFEngine):
                 self._capture()
         super().start()
 
+    def stop(self) -> None:
+        super().stop()
+        log.info("engine stats at stop: %s", {k: round(v, 2) if isinstance(v, float) else v
+                                               for k, v in self.stats.items()})
+
     def _capture(self) -> None:
         dec = self.decoder
         assert dec is not None
