@@ -246,7 +246,9 @@ def main(overrides: list[str]) -> int:
             finally:
                 import aiohttp
 
-                async with aiohttp.ClientSession() as http, http.get(f"{srv.address}/get_server_info") as resp:
+                auth = {"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else {}
+                async with aiohttp.ClientSession(headers=auth) as http, \
+                        http.get(f"{srv.address}/get_server_info") as resp:
                     info.update(await resp.json())
                 await client.aclose()
 
