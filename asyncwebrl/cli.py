@@ -82,6 +82,12 @@ def cmd_record_screens(args) -> int:
     return record_main(args.out, args.episodes, args.tasks, args.seed)
 
 
+def cmd_record_latency(args) -> int:
+    from asyncwebrl.web.latency import record_latency_main
+
+    return record_latency_main(args.out, args.episodes, args.concurrency, args.tasks, args.seed)
+
+
 def cmd_prepare_model(args) -> int:
     from asyncwebrl.models.prepare import prepare_all
 
@@ -114,7 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="default", help="model folder, hub id, or 'default'")
     s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=30000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    s.add_argument("--api-key", default=None,
+                   help="the key (visible in the process list: prefer $ASYNCWEBRL_API_KEY or --api-key-file); "
+                        "without any, control endpoints get a fresh key written to a 0600 file")
+    s.add_argument("--api-key-file", default=None, help="read the key from this file (mode 600)")
+    s.add_argument("--key-scope", choices=["control", "all"], default=None,
+                   help="which endpoints need the key: control ones only, or all but /health "
+                        "(default: all when a key is given, control otherwise)")
+    s.add_argument("--weights-root", action="append", default=[],
+                   help="update_weights_from_disk loads only from folders under this (repeatable)")
+    s.add_argument("--trainer-address", action="append", default=[],
+                   help="host init_weights_update_group may dial besides loopback (repeatable)")
+    s.add_argument("--allowed-host", action="append", default=[],
+                   help="a Host name this server is reached by, besides IP literals and the machine's names")
+    s.add_argument("--allow-auto-truncate", action="store_true",
+                   help="clamp max_new_tokens to the context instead of refusing (SGLang's flag)")
+    s.add_argument("--max-body-mb", type=float, default=32.0, help="largest /generate body")
+    s.add_argument("--max-images", type=int, default=16, help="images per prompt")
+    s.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="pixels of one image")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     s.add_argument("--max-batch-size", type=int, default=32)
@@ -155,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=cmd_record_screens)
+
+    rl = sub.add_parser("record-latency", help="time page loads, actions and session warm-up on real Chromium "
+                                               "(a JSON file the synthetic env replays)")
+    rl.add_argument("out", help="JSON file to write")
+    rl.add_argument("--episodes", type=int, default=48)
+    rl.add_argument("--concurrency", type=int, default=8, help="sessions at a time")
+    rl.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
+    rl.add_argument("--seed", type=int, default=0)
+    rl.set_defaults(func=cmd_record_latency)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
     pm.add_argument("--force", action="store_true", help="rebuild even if present")

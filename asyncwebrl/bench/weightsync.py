@@ -279,7 +279,7 @@ def _refresh(bc: WeightBroadcaster, sharded: list[tuple[str, torch.Tensor]], ver
              timeout_s: float) -> dict[str, float]:
     t0 = time.perf_counter()
     for s in bc.servers:
-        post_json(s, "/pause_generation", {}, None, timeout_s)
+        post_json(s, "/pause_generation", {"mode": "in_place"}, bc.api_key, timeout_s)
     t1 = time.perf_counter()
     # gather: with one trainer rank the full tensors are the local ones (FSDP's full_tensor() would
     # all-gather here); on GPU they already sit on the trainer device
@@ -288,7 +288,7 @@ def _refresh(bc: WeightBroadcaster, sharded: list[tuple[str, torch.Tensor]], ver
     bc.broadcast(named, version)
     t3 = time.perf_counter()
     for s in bc.servers:
-        post_json(s, "/continue_generation", {}, None, timeout_s)
+        post_json(s, "/continue_generation", {}, bc.api_key, timeout_s)
     t4 = time.perf_counter()
     return {"pause_s": t1 - t0, "gather_s": t2 - t1, "broadcast_s": t3 - t2, "resume_s": t4 - t3, "total_s": t4 - t0}
 
@@ -296,25 +296,28 @@ def _refresh(bc: WeightBroadcaster, sharded: list[tuple[str, torch.Tensor]], ver
 def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: str, cfg: ActorConfig,
              repeats: int, timeout_s: float, external: list[str]) -> dict[str, Any]:
     """Floor and refresh side by side: both groups alive at once, measurements alternated."""
+    from asyncwebrl.httpguard import new_key
     from asyncwebrl.inference.engine import params_checksum
     from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
     trainer_dev = "cuda:0" if device == "cuda" else "cpu"
     devs = [f"cuda:{1 + i}" for i in range(n)] if device == "cuda" else None
     servers, procs = [], []
+    key = None if external else new_key()  # control endpoints need the servers' key
     try:
         rx_urls, procs = start_receivers(n, devs, threads=1)
         if external:
             urls = external
         else:
             for i in range(n):
-                servers.append(launch_server(wait=False, model=model_dir, device=devs[i] if devs else "cpu", dtype=dtype))
+                servers.append(launch_server(wait=False, model=model_dir, device=devs[i] if devs else "cpu", dtype=dtype,
+                                             api_key=key))
             for srv in servers:
-                wait_healthy(srv.address, timeout_s, proc=srv)
+                wait_healthy(srv.address, timeout_s, proc=srv, api_key=key)
             urls = [srv.address for srv in servers]
         raw = WeightBroadcaster(rx_urls, None, cfg, backend=backend, device=trainer_dev)
         raw.init_group()
-        bc = WeightBroadcaster(urls, None, cfg, backend=backend, device=trainer_dev)
+        bc = WeightBroadcaster(urls, key, cfg, backend=backend, device=trainer_dev)
         bc.init_group()
         _raw_floor(raw, named, timeout_s)  # warm-ups: first-touch allocations on both sides
         _refresh(bc, named, 1, timeout_s)
@@ -324,7 +327,7 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
             parts.append(_refresh(bc, named, 2 + r, timeout_s))
         exact_floor = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == checksum(named) for u in rx_urls)
         want = params_checksum(named)
-        exact = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == want for u in urls)
+        exact = all(post_json_get(u, "/weights_checksum", timeout_s, key)["sha256"] == want for u in urls)
         raw.close()
         bc.close()
     finally:
@@ -375,10 +378,12 @@ def run(knobs: dict[str, Any]) -> dict[str, Any]:
             "ratio_over_floor": per_size[largest]["ratio_over_floor"]}
 
 
-def post_json_get(base_url: str, path: str, timeout_s: float) -> dict[str, Any]:
+def post_json_get(base_url: str, path: str, timeout_s: float, api_key: str | None = None) -> dict[str, Any]:
     import urllib.request
 
-    with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout_s) as r:
+    req = urllib.request.Request(base_url.rstrip("/") + path,
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read())
 
 

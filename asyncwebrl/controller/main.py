@@ -141,7 +141,7 @@ class Controller:
         from asyncwebrl.inference.client import InferenceClient
 
         live = [a for a in self.sys.server_addresses if a not in self.supervisor.dropped]
-        client = InferenceClient(live, api_key=self.cfg.inference.api_key,
+        client = InferenceClient(live, api_key=self.sys.api_key,
                                  timeout_s=self.cfg.actor.weight_update_timeout_s)
 
         async def go():

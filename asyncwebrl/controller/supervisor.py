@@ -66,7 +66,7 @@ class Supervisor:
 
     def _answers(self, address: str) -> bool:
         req = urllib.request.Request(address + "/health")
-        key = self.system.cfg.inference.api_key
+        key = self.system.api_key
         if key:
             req.add_header("Authorization", f"Bearer {key}")
         try:
@@ -89,7 +89,7 @@ class Supervisor:
         old = s.server_handles[index]
         address = s.server_addresses[index]
         port = int(address.rsplit(":", 1)[1])
-        kw = dict(_server_kwargs(cfg, s.run, s.model_path, cfg.allocation.rollout.backend), port=port)
+        kw = dict(_server_kwargs(cfg, s.run, s.model_path, cfg.allocation.rollout.backend, s.api_key), port=port)
         from asyncwebrl.scheduling.servers import ServerProcess
 
         if not isinstance(old, ServerProcess):
@@ -120,7 +120,7 @@ class Supervisor:
         if s.cfg.actor.weight_update_mode != "xccl":
             return  # disk mode: the next push reloads from disk on every listed server
         live = [a for a in s.server_addresses if a not in self.dropped]
-        s.trainer.init_weight_group(live, s.cfg.inference.api_key)
+        s.trainer.init_weight_group(live, s.api_key)
 
     def check(self, step: int) -> list[ServerEvent]:
         """Find dead train-rollout servers; restart or drop them; rebuild the weight group if anything died."""

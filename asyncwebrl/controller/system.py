@@ -69,6 +69,8 @@ class System:
     cfg: RunConfig
     run: RunDir
     model_path: str = ""
+    api_key: str = field(default="", repr=False)
+    """the run's inference key: inference.api_key, or a fresh random one (launched servers always have one)"""
     scheduler: Any = None
     server_handles: list[Any] = field(default_factory=list)
     """ServerProcess (local) or ServerHost actor handles (ray), train rollout"""
@@ -124,17 +126,20 @@ class System:
                     pass
 
 
-def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str) -> dict[str, Any]:
-    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
-                max_batch_size=cfg.inference.max_batch_size, log_dir=run.root / "logs",
-                startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
-                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s)
+def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_key: str) -> dict[str, Any]:
+    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=api_key,
+                max_batch_size=cfg.inference.max_batch_size, max_context_len=cfg.inference.max_context_len,
+                log_dir=run.root / "logs", startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
+                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
+                weights_roots=[str(Path(run.root) / "checkpoints")])
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:
+    from asyncwebrl.httpguard import new_key
     from asyncwebrl.models.prepare import resolve_model_path
 
-    system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path))
+    system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path),
+                    api_key=cfg.inference.api_key or new_key())
     try:
         if cfg.scheduler.type == "ray":
             _build_ray(system)
@@ -160,16 +165,16 @@ def _build_ray(s: System) -> None:
     cfg = s.cfg
     s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address)
     alloc = cfg.allocation
-    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend))
+    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key))
     if cfg.test_rollout.enabled:
-        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf"))
+        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf", s.api_key))
     s.server_addresses = ray.get([h.address.remote() for h in s.server_handles])
     s.test_addresses = ray.get([h.address.remote() for h in s.test_handles])
     if cfg.rollout.pixel_transport == "store":
         s.pixel_store = make_pixel_store(cfg.pixelstore, "ray", f"{cfg.experiment_name}-{cfg.trial_name}")
     s.trainer = start_trainer(cfg, s.scheduler)
     if cfg.actor.weight_update_mode == "xccl":
-        s.trainer.init_weight_group(s.server_addresses, cfg.inference.api_key)
+        s.trainer.init_weight_group(s.server_addresses, s.api_key)
 
 
 def _build_local(s: System) -> None:
@@ -186,11 +191,11 @@ def _build_local(s: System) -> None:
         n_gpus = torch.cuda.device_count()
     devices = local_device_assignment(plan_roles(cfg), n_gpus)
     alloc = cfg.allocation
-    kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend)
+    kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key)
     for i, dev in enumerate(devices["rollout"]):
         s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", **kw))
     if cfg.test_rollout.enabled:
-        kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf")
+        kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf", s.api_key)
         for i, dev in enumerate(devices["test-rollout"]):
             s.test_handles.append(launch_server(device=dev, name=f"test{i}", **kw_test))
     s.server_addresses = [h.address for h in s.server_handles]
@@ -199,7 +204,7 @@ def _build_local(s: System) -> None:
         s.pixel_store = make_pixel_store(cfg.pixelstore, "local", f"{cfg.experiment_name}-{cfg.trial_name}")
     s.trainer = start_trainer(cfg, None, device=devices["actor"][0])
     if cfg.actor.weight_update_mode == "xccl":
-        s.trainer.init_weight_group(s.server_addresses, cfg.inference.api_key)
+        s.trainer.init_weight_group(s.server_addresses, s.api_key)
 
 
 def _build_rollout(s: System, resume_version: int) -> None:
@@ -212,7 +217,7 @@ def _build_rollout(s: System, resume_version: int) -> None:
     s.task_factory = TaskFactory(cfg.env, cfg.seed, resume_version)
     spec = EpisodeRolloutSpec(
         env_cfg=cfg.env, model_path=s.model_path,
-        client_factory=ClientFactory(s.server_addresses, cfg.inference.api_key, cfg.rollout.request_timeout_s,
+        client_factory=ClientFactory(s.server_addresses, s.api_key, cfg.rollout.request_timeout_s,
                                      cfg.rollout.max_retries),
         store=s.pixel_store, sampling=sampling_params(cfg, adapter), n_samples=cfg.gconfig.n_samples,
         task_factory=s.task_factory, pixel_transport=cfg.rollout.pixel_transport,
@@ -245,7 +250,7 @@ def _build_test_rollout(s: System) -> None:
     tasks, heldout = eval_task_sets(cfg)
     s.test_rollout = TestRolloutManager(
         ckpt_root=Path(s.run.root) / "checkpoints",
-        client=InferenceClient(s.test_addresses, api_key=cfg.inference.api_key, timeout_s=cfg.rollout.request_timeout_s),
+        client=InferenceClient(s.test_addresses, api_key=s.api_key, timeout_s=cfg.rollout.request_timeout_s),
         adapter=adapter, env_factory=lambda: make_env(env_cfg), env_cfg=env_cfg, tasks=tasks,
         sampling=eval_sampling(cfg, adapter),
         on_result=lambda figs: s.run.log_metrics("eval", int(figs["version"]), figs),

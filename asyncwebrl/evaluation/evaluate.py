@@ -136,10 +136,11 @@ def eval_main(cfg, checkpoint: str | None) -> int:
 
     model = checkpoint or resolve_model_path(cfg.actor.path)
     server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
+                           max_context_len=cfg.inference.max_context_len,
                            startup_timeout=cfg.inference.startup_timeout_s)
     try:
         adapter = VLMAdapter(model)
-        client = InferenceClient([server.address], api_key=cfg.inference.api_key)
+        client = InferenceClient([server.address], api_key=server.api_key)
         tasks, held = eval_task_sets(cfg)
         sampling = eval_sampling(cfg, adapter)
         figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from asyncwebrl.inference.engine import HFEngine
-from asyncwebrl.inference.protocol import (
+from asyncwebrl.protocol import (
     InitWeightsUpdateGroupRequest,
     ProtocolError,
     UpdateWeightsFromDiskRequest,

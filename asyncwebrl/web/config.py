@@ -61,10 +61,14 @@ class EnvConfig:
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
     """reward added for an unparsable or impossible action"""
-    browsers: int = 1
-    """browser processes (each hosts many contexts)"""
-    recycle_context_every: int = 50
-    """episodes before a context is closed and recreated (keeps memory flat)"""
+    recycle_context_every: int = 1
+    """episodes one browser context serves. 1 (default): a fresh context every episode, so nothing a
+    page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the
+    context and ITS STORAGE across episodes (faster resets, episodes not isolated)"""
+    reset_timeout_s: float = 60.0
+    """deadline of one env.reset (page load included); a miss fails the episode (EnvDeadline)"""
+    step_timeout_s: float = 60.0
+    """deadline of one env.step (action, page settle, observation); a miss fails the episode"""
     episode_time_limit_s: float = 600.0
     """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
@@ -84,6 +88,14 @@ class EnvConfig:
     synthetic_replay_dir: str | None = None
     """synthetic env: folder of recorded *.png screenshots shown instead of drawn pages
     (record real MiniWoB++ pages with `asyncwebrl record-screens DIR`)"""
+    synthetic_latency_file: str | None = None
+    """synthetic env: latencies measured on real Chromium (`asyncwebrl record-latency FILE`); steps, resets
+    and each fresh env's first-reset warm-up are drawn from its samples instead of the log-normal"""
+    synthetic_length_median: float | None = None
+    """synthetic env: heavy-tailed episode lengths, log-normal with this median (capped at env.max_steps);
+    None = the success/failure profile"""
+    synthetic_length_sigma: float = 1.0
+    """synthetic env: log-normal sigma of the heavy-tailed episode lengths (1.0: p95 ~ 5x the median)"""
 
     def validate(self) -> None:
         if self.max_steps < 1:
@@ -94,6 +106,8 @@ class EnvConfig:
             raise ValueError("env.viewport_width/height must be >= 32")
         if self.recycle_context_every < 1:
             raise ValueError("env.recycle_context_every must be >= 1")
+        if not (0 < self.reset_timeout_s <= 3600 and 0 < self.step_timeout_s <= 3600):
+            raise ValueError("env.reset_timeout_s and env.step_timeout_s must be in (0, 3600] seconds")
         if self.episode_time_limit_s <= 0:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:
@@ -102,5 +116,13 @@ class EnvConfig:
             folder = Path(self.synthetic_replay_dir)
             if not folder.is_dir() or not any(folder.glob("*.png")):
                 raise ValueError(f"env.synthetic_replay_dir {folder} is not a folder of *.png screenshots")
+        if self.synthetic_length_median is not None and self.synthetic_length_median < 1:
+            raise ValueError("env.synthetic_length_median must be >= 1 (or null)")
+        if self.synthetic_length_sigma < 0:
+            raise ValueError("env.synthetic_length_sigma must be >= 0")
+        if self.synthetic_latency_file is not None and self.type == "synthetic":
+            from asyncwebrl.web.latency import LatencyTable
+
+            LatencyTable.load(self.synthetic_latency_file)  # a clear error now, not in a rollout worker
         if self.type == "webgym" and not self.task_file:
             raise ValueError("env.type=webgym needs env.task_file")

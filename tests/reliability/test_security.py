@@ -59,7 +59,8 @@ def test_local_pixel_store_binds_loopback_and_needs_its_token():
             assert _post(srv.port, "/free", json.dumps({"keys": [key]}).encode(), headers)[0] == 401
         assert client.get([key]) == [b"secret screenshot"]  # the refused free did nothing
         # garbage from a holder of the token is a 400, not a crash
-        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token})
+        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token,
+                                                                  "Content-Type": "application/json"})
         assert status == 400
         assert client.get([key]) == [b"secret screenshot"]
     finally:
@@ -90,7 +91,7 @@ def test_inference_server_binds_loopback_by_default(tmp_path):
 
 
 # Modules that receive bytes from a network peer (HTTP bodies, PixelStore frames, rollout records).
-NETWORK_MODULES = ["inference/server.py", "inference/client.py", "inference/protocol.py", "inference/weight_sync.py",
+NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py", "inference/weight_sync.py",
                    "pixelstore/local_store.py", "pixelstore/store.py", "pixelstore/ray_store.py",
                    "training/weight_sync.py", "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
 UNSAFE = {("pickle", "loads"), ("pickle", "load"), ("cloudpickle", "loads"), ("torch", "load"), ("dill", "loads"),

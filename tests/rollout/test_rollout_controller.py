@@ -74,11 +74,11 @@ def test_no_stale_no_overrun_no_loss_no_duplicate(b, c_extra, eta, workers, fail
     ids = [g.group_id for g in consumed + dropped + leftover]
     assert len(ids) == len(set(ids))
     assert set(ids) == set(tr.emitted)
-    assert stats["dropped_stale"] == len(dropped)
+    assert stats.dropped_stale == len(dropped)
     # the weight-update bracket: no generation request started between pause and resume
     assert during == [0] * 4
     if eta == 0:
-        assert stats["staleness_hist"] == {0: 4 * b}
+        assert stats.staleness_hist == {0: 4 * b}
 
 
 def test_prepare_batch_times_out_with_a_clear_error_when_rollouts_all_fail():
@@ -124,7 +124,7 @@ def test_async_pool_keeps_rolling_while_the_trainer_trains():
         ctl.prepare_batch()
         time.sleep(0.3)  # "training"
         st = ctl.stats()
-        assert st["pending_groups"] >= 2  # the next batch is already waiting
+        assert st.pending_groups >= 2  # the next batch is already waiting
         t0 = time.monotonic()
         ctl.prepare_batch()
         assert time.monotonic() - t0 < 0.05

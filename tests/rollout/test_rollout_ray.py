@@ -60,9 +60,9 @@ def test_ray_workers_share_admission_and_survive_a_dead_worker(ray_session):
         train(3)  # the other worker carries on; the trainer does not hang
         assert time.monotonic() - t0 < 60
         st = ctl.stats()
-        assert st["dead_workers"] == 1
-        adm = st["admission"]
-        assert adm["enqueued"] == adm["accepted"] + adm["rejected"] + adm["running"]
-        assert adm["running"] <= 2  # only the surviving worker's slots can be running
+        assert st.dead_workers == 1
+        adm = st.admission
+        assert adm.enqueued == adm.accepted + adm.rejected + adm.running
+        assert adm.running <= 2  # only the surviving worker's slots can be running
     finally:
         ctl.shutdown()
