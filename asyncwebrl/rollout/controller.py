@@ -89,6 +89,7 @@ class RolloutController:
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.dropped_stale = 0
+        self.task_weight_push_failures = 0
         self.lost_rollouts = 0
         """rollouts of workers that died (in flight or finished but not delivered)"""
         self._received_by: dict[int, int] = {}
@@ -289,8 +290,18 @@ class RolloutController:
         self._each_host("set_version", version)
 
     def set_task_weights(self, weights: dict[str, float] | None) -> None:
-        """Push task-sampling weights (from the trainer-side curriculum) to every worker's task sampler."""
-        self._each_host("set_task_weights", weights)
+        """Push task-sampling weights (from the trainer-side curriculum) to every live worker's task sampler.
+        A worker that misses one push keeps its previous weights (a hint, not a barrier): the failure is
+        logged and counted, and a dead worker is found by its collector."""
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
+            try:
+                h.set_task_weights(weights)
+            except Exception as e:  # noqa: BLE001
+                with self._lock:
+                    self.task_weight_push_failures += 1
+                log.warning("rollout worker %d: task-weight push failed: %r", i, e)
 
     def reseed(self, version: int) -> None:
         """Resume from a checkpoint at `version` (call before start)."""
