@@ -21,6 +21,8 @@ BENCHMARKS = {
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+    "clip": ("asyncwebrl.bench.clip", "clip rate of decoupled vs coupled PPO at eta = 1, 2, 4 (same batches)"),
+    "curriculum": ("asyncwebrl.bench.curriculum", "uniform vs adaptive task sampling, greedy eval success"),
     "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
     "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
@@ -81,6 +83,12 @@ def cmd_record_screens(args) -> int:
     from asyncwebrl.web.record import record_main
 
     return record_main(args.out, args.episodes, args.tasks, args.seed, args.width, args.height)
+
+
+def cmd_record_latency(args) -> int:
+    from asyncwebrl.web.latency import record_latency_main
+
+    return record_latency_main(args.out, args.episodes, args.concurrency, args.tasks, args.seed)
 
 
 def cmd_prepare_model(args) -> int:
@@ -175,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--width", type=int, default=160, help="viewport width (1280 for full-size pages)")
     r.add_argument("--height", type=int, default=210, help="viewport height (768 for full-size pages)")
     r.set_defaults(func=cmd_record_screens)
+
+    rl = sub.add_parser("record-latency", help="time page loads, actions and session warm-up on real Chromium "
+                                               "(a JSON file the synthetic env replays)")
+    rl.add_argument("out", help="JSON file to write")
+    rl.add_argument("--episodes", type=int, default=48)
+    rl.add_argument("--concurrency", type=int, default=8, help="sessions at a time")
+    rl.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
+    rl.add_argument("--seed", type=int, default=0)
+    rl.set_defaults(func=cmd_record_latency)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
     pm.add_argument("--force", action="store_true", help="rebuild even if present")

@@ -88,6 +88,7 @@ class RunConfig:
             raise ConfigError("total_train_steps must be >= 1")
         if alloc.rollout.backend == "sglang" and self.cluster.n_gpus_per_node == 0:
             raise ConfigError("backend 'sglang' needs GPUs (cluster.n_gpus_per_node > 0); use 'hf' on CPU")
+        self._check_heldout()
         if self.cluster.n_gpus_per_node:
             total = self.cluster.n_nodes * self.cluster.n_gpus_per_node
             need = alloc.total_devices + (self.test_rollout.n_gpus if self.test_rollout.enabled else 0)
@@ -96,6 +97,37 @@ class RunConfig:
                     f"allocation_mode plus test_rollout.n_gpus need {need} devices but the cluster has "
                     f"{total} (cluster.n_nodes x cluster.n_gpus_per_node)"
                 )
+
+    def _check_heldout(self) -> None:
+        """Held-out tasks must be real task names and disjoint from the training tasks."""
+        if not self.test_rollout.heldout_tasks.strip():
+            return
+        from asyncwebrl.web.tasks import resolve_task_names
+
+        if self.env.type != "miniwob":
+            # the default file's held-out set is MiniWoB's; on another env it cannot run, so it is
+            # switched off with a warning rather than failing `train env.type=webgym ...`
+            try:
+                resolve_task_names(self.test_rollout.heldout_tasks)
+            except ValueError:
+                raise ConfigError("test_rollout.heldout_tasks names MiniWoB tasks or sets; it needs "
+                                  "env.type=miniwob") from None
+            import logging
+
+            logging.getLogger("asyncwebrl").warning(
+                "test_rollout.heldout_tasks=%s names MiniWoB tasks but env.type=%s: held-out evaluation is off",
+                self.test_rollout.heldout_tasks, self.env.type)
+            self.test_rollout.heldout_tasks = ""
+            return
+        try:
+            held = resolve_task_names(self.test_rollout.heldout_tasks)
+            train = resolve_task_names(self.env.tasks)
+        except ValueError as e:
+            raise ConfigError(f"test_rollout.heldout_tasks / env.tasks: {e}") from e
+        both = sorted(set(held) & set(train))
+        if both:
+            raise ConfigError(f"test_rollout.heldout_tasks must not overlap env.tasks (the trainer samples them): "
+                              f"{', '.join(both)}")
 
     def _validate_inference_servers(self, alloc) -> None:
         """cluster.n_inference_servers against allocation_mode and rollout.mode (SPEC section 1)."""

@@ -479,6 +479,26 @@ def parse_json(cls: type[_Body], raw: bytes) -> Any:
         raise ProtocolError(_message(e)) from None
 
 
+def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_chars: int) -> GenerateRequest:
+    """parse_json for /generate plus size bounds (prompts per batch, tokens and characters per prompt),
+    so that what a worker process hands back is small. The server runs it in a worker process for
+    large bodies: parsing millions of JSON values holds the GIL for seconds."""
+    req = parse_json(GenerateRequest, raw)
+    if req.batch_size > max_prompts:
+        raise ProtocolError(f"a batch of {req.batch_size} prompts exceeds the limit of {max_prompts}")
+    if req.input_ids is not None:
+        for i, ids in enumerate(req.input_ids if req.is_batch else [req.input_ids]):
+            if len(ids) > max_tokens:
+                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}the input ({len(ids)} tokens) is "
+                                    f"longer than the model's context length ({max_tokens} tokens)")
+    if req.text is not None:
+        for i, t in enumerate(req.text if req.is_batch else [req.text]):
+            if len(t) > max_chars:
+                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}prompt text of {len(t)} characters "
+                                    f"exceeds the limit of {max_chars}")
+    return req
+
+
 def is_finite_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 

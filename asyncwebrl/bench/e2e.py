@@ -18,7 +18,15 @@ Figures (SPEC section 11: every throughput ratio twice):
 - per mode: per-phase medians, trainer and rollout idle fractions, CPU busy share, failed episodes.
 
 Knobs (key=value): steps, batch, n_samples, eta, max_steps, tasks, env (miniwob|synthetic),
-scheduler (ray|local), model, gpus (0 = CPU), extra (a ';'-separated list of config overrides).
+scheduler (ray|local), model, gpus (0 = CPU), extra (a ';'-separated list of config overrides),
+workload (default | web-shaped).
+
+`workload=web-shaped` is the synthetic env shaped like web agents' work (issue 18): recorded pages
+(env.synthetic_replay_dir, from `asyncwebrl record-screens`), step/reset/warm-up latencies replayed
+from bench/data/web_latency.json (measured on real Chromium by `asyncwebrl record-latency`),
+heavy-tailed episode lengths (log-normal, median 4, sigma 1: p95 ~ 21, capped at 30 steps), and at
+least 64 concurrent sessions (batch x n_samples); the sync pool relaunches its sessions every round
+and pays the recorded warm-up each time, the everlasting pool once per session.
 """
 
 from __future__ import annotations
@@ -51,7 +59,28 @@ DEFAULTS = {
     "extra": "",
     "out": "e2e",
     "fileroot": "/tmp/asyncwebrl-bench",
+    "workload": "default",
 }
+
+WEB_LATENCY_FILE = Path(__file__).resolve().parents[2] / "bench" / "data" / "web_latency.json"
+MIN_WEB_SESSIONS = 64
+
+
+def workload_overrides(knobs: dict[str, Any]) -> list[str]:
+    """Config overrides of the named workload (applied after the knobs, so they win)."""
+    name = knobs.get("workload", "default")
+    if name == "default":
+        return []
+    if name != "web-shaped":
+        raise SystemExit(f"unknown workload '{name}' (default, web-shaped)")
+    sessions = int(knobs["batch"]) * int(knobs["n_samples"])
+    if sessions < MIN_WEB_SESSIONS:
+        raise SystemExit(f"workload=web-shaped needs batch x n_samples >= {MIN_WEB_SESSIONS} concurrent sessions "
+                         f"(got {sessions})")
+    return ["env.type=synthetic", "env.max_steps=30", "env.synthetic_length_median=4",
+            "env.synthetic_length_sigma=1.0", f"env.synthetic_latency_file={WEB_LATENCY_FILE}",
+            f"rollout.max_concurrent_rollouts={knobs['batch']}", "rollout.sync_warmup=true",
+            "test_rollout.heldout_tasks=''"]  # MiniWoB held-out tasks need the miniwob package: GPU boxes lack it
 
 PHASES = ("rollout_wait", "train", "weight_sync")
 
@@ -125,7 +154,7 @@ def _overrides(mode: str, knobs: dict[str, Any]) -> list[str]:
         "test_rollout.enabled=false", "checkpoint.every_n_steps=0", "stats.progress_bar=false",
         "stats.keep_episodes=4",
     ]
-    return out + [o for o in str(knobs["extra"]).split(";") if o.strip()]
+    return out + workload_overrides(knobs) + [o for o in str(knobs["extra"]).split(";") if o.strip()]
 
 
 def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:

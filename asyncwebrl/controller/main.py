@@ -1,12 +1,14 @@
 """The controller: the PPO trainer loop that drives every other component (SPEC section 2).
 
-Per step: prepare_batch (rollout keeps generating meanwhile) -> PPO update on the actor (pi_prox
-recompute, advantages, decoupled loss) -> pause rollout -> weight update (xccl broadcast or disk)
--> version += 1 -> resume -> checkpoint every N steps (or when test rollout asks) -> metrics.
+Per step: prepare_batch (rollout keeps generating meanwhile) -> the task curriculum observes the
+consumed groups and pushes new sampling weights down to the rollout workers (adaptive sampling) ->
+PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> pause rollout -> weight
+update (xccl broadcast or disk) -> version += 1 -> resume -> checkpoint every N steps (or when test
+rollout asks) -> metrics.
 
 Invariants: the version the rollout side tags tokens with is set only after the servers hold the
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
-sampler position and staleness seed beside the weights), and `recover=auto` resumes from the newest
+sampler position, staleness seed and curriculum tracker beside the weights), and `recover=auto` resumes from the newest
 complete one with the version numbering continued.
 """
 
@@ -54,6 +56,14 @@ class LoopState:
     duplicates: int = 0
 
 
+def make_curriculum(cfg: RunConfig):
+    """The run's task curriculum over the training tasks (uniform mode: tracking only)."""
+    from asyncwebrl.rollout.curriculum import TaskCurriculum
+    from asyncwebrl.web.tasks import make_task_sampler
+
+    return TaskCurriculum(make_task_sampler(cfg.env).task_ids, cfg.env.task_sampling)
+
+
 def batch_figures(groups) -> dict[str, Any]:
     trajs = [t for g in groups for t in g.trajectories]
     ok = [t for t in trajs if not t.failed]
@@ -85,6 +95,9 @@ class Controller:
         self.state = LoopState()
         self.ckpt_root = run.root / "checkpoints"
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
+        self.curriculum = make_curriculum(cfg)
+        self.zero_adv_groups = 0
+        """consumed groups whose advantages were all zero (wasted rollout), whole run"""
         self.history: list[StepRecord] = []
         """every step's record, in order (benchmarks read them by attribute)"""
         self.step_hooks: list[Any] = []
@@ -96,7 +109,9 @@ class Controller:
         the servers serve its weights before any rollout is tagged with its version."""
         if ckpt is None:
             return
-        self.sys.trainer.load_checkpoint(str(ckpt))  # returns the extra state; step/version are on disk
+        extra = self.sys.trainer.load_checkpoint(str(ckpt)) or {}  # step/version are on disk
+        if extra.get("curriculum"):
+            self.curriculum.load_state_dict(extra["curriculum"])
         meta = json.loads((ckpt / "trainer_state.json").read_text())
         self.state.version = int(meta["version"])
         self.state.step = int(meta["step"])
@@ -142,7 +157,12 @@ class Controller:
         return {}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version}
+        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version,
+                "curriculum": self.curriculum.state_dict()}
+
+    def _push_task_weights(self) -> None:
+        if self.curriculum.adaptive:
+            self.sys.rollout.set_task_weights(self.curriculum.weights())
 
     def _keep_episodes(self, groups) -> None:
         store = self.sys.pixel_store
@@ -178,6 +198,11 @@ class Controller:
         run.log_phase(st.step, "rollout_wait", t0, t1)
         self._track_ids(groups)
         figs = batch_figures(groups)
+        zero_adv = self.curriculum.observe(groups)  # the consumed groups flow back into task sampling
+        self.zero_adv_groups += zero_adv
+        self._push_task_weights()
+        cur = self.curriculum.record()
+        run.log_metrics("curriculum", st.step + 1, cur.flat())
         hist = staleness_hist(groups, st.version)
         self._keep_episodes(groups)
         metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store)
@@ -214,6 +239,10 @@ class Controller:
             version=st.version,
             **figs,
             staleness_hist=hist,
+            n_groups=len(groups),
+            zero_adv_groups=zero_adv,
+            zero_adv_frac=zero_adv / max(1, len(groups)),
+            tasks_in_zone=cur.in_zone,
             dropped_stale=rstats.dropped_stale,
             failed_episodes=rstats.failed_episodes,
             failed_rollouts=rstats.failed_rollouts,
@@ -245,6 +274,7 @@ class Controller:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
             self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
         self.sys.start_rollout()
+        self._push_task_weights()  # after start: a Ray worker answers calls once it is constructed
         bar = None
         if cfg.stats.progress_bar:
             from tqdm import tqdm
@@ -287,6 +317,10 @@ class Controller:
             lost_rollouts=rstats.lost_rollouts,
             trainer_idle_frac=self.state.waited_s / max(1e-9, elapsed),
             checkpoint_stall_s=self.state.checkpoint_stall_s,
+            task_sampling=self.curriculum.cfg.mode,
+            zero_adv_groups=self.zero_adv_groups,
+            task_success_ema=self.curriculum.record().success,
+            task_share=self.curriculum.record().share,
         )
 
 
@@ -317,6 +351,10 @@ def run_training(cfg: RunConfig, record: str | None = None) -> RunSummary:
                 summary.eval_first = summary.eval[0].success_rate
                 summary.eval_last = summary.eval[-1].success_rate
                 summary.eval_gain = summary.eval_last - summary.eval_first
+            held = [r for r in summary.eval if r.heldout_success_rate is not None]
+            if held:
+                summary.heldout_eval_first = held[0].heldout_success_rate
+                summary.heldout_eval_last = held[-1].heldout_success_rate
         run.write_summary(summary.as_dict())
         run.log_metrics("summary", ctl.state.step,
                         {k: v for k, v in summary.as_dict().items() if not isinstance(v, list)})
@@ -349,7 +387,9 @@ def find_resume(cfg: RunConfig, root: Path) -> tuple[Path | None, int]:
 def _eval_records(root: Path) -> list[EvalPoint]:
     from asyncwebrl.controller.rundir import read_jsonl
 
-    return [EvalPoint(version=int(r["version"]), success_rate=float(r["success_rate"]))
+    return [EvalPoint(version=int(r["version"]), success_rate=float(r["success_rate"]),
+                      heldout_success_rate=r.get("heldout_success_rate"), per_task=r.get("per_task") or {},
+                      heldout_per_task=r.get("heldout_per_task") or {})
             for r in read_jsonl(root / "metrics.jsonl") if r.get("kind") == "eval"]
 
 
@@ -362,6 +402,7 @@ def _print_summary(cfg: RunConfig, root: Path, summary: RunSummary) -> None:
     print(f"episodes           {summary.trajectories} trained on, {summary.failed_episodes} failed, "
           f"{summary.dropped_stale} groups dropped stale")
     for r in summary.eval:
-        print(f"eval               version {r.version}: success {r.success_rate:.3f}")
+        held = f"   held-out {r.heldout_success_rate:.3f}" if r.heldout_success_rate is not None else ""
+        print(f"eval               version {r.version}: success {r.success_rate:.3f}{held}")
     print(f"logs and plots     {root / 'metrics.jsonl'}, {root / 'summary.json'}, "
           f"tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")

@@ -31,6 +31,12 @@ class StepRecord:
     invalid_rate: float
     generated_tokens: int
     staleness_hist: dict[str, int]
+    n_groups: int
+    zero_adv_groups: int
+    """groups of this batch whose advantages were all zero (equal rewards: wasted rollout)"""
+    zero_adv_frac: float
+    tasks_in_zone: int
+    """training tasks whose success EMA lies in the adaptive sampler's productive zone"""
     # rollout side, cumulative over the run (RolloutStats)
     dropped_stale: int
     failed_episodes: int
@@ -71,6 +77,10 @@ class StepRecord:
 class EvalPoint:
     version: int
     success_rate: float
+    heldout_success_rate: float | None = None
+    """success on the held-out tasks (never trained on), same snapshot; None without held-out tasks"""
+    per_task: dict[str, float] = field(default_factory=dict)
+    heldout_per_task: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -99,6 +109,16 @@ class RunSummary:
     eval_first: float | None = None
     eval_last: float | None = None
     eval_gain: float | None = None
+    heldout_eval_first: float | None = None
+    heldout_eval_last: float | None = None
+    task_sampling: str = "uniform"
+    """env.task_sampling.mode of the run"""
+    zero_adv_groups: int = 0
+    """consumed groups whose advantages were all zero, whole run"""
+    task_success_ema: dict[str, float | None] = field(default_factory=dict)
+    """per training task: success EMA at the end of the run (None = never consumed)"""
+    task_share: dict[str, float] = field(default_factory=dict)
+    """per training task: sampling share at the end of the run"""
 
     @property
     def run_time_s(self) -> float:

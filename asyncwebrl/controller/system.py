@@ -255,30 +255,22 @@ def _build_rollout(s: System, resume_version: int) -> None:
 
 
 def _build_test_rollout(s: System) -> None:
-    from asyncwebrl.evaluation.evaluate import eval_sampling, eval_tasks
+    from asyncwebrl.evaluation.evaluate import eval_sampling, eval_task_sets
     from asyncwebrl.evaluation.test_rollout import TestRolloutManager
     from asyncwebrl.inference.client import InferenceClient
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.base import InProcessPixelStore
-    from asyncwebrl.web.tasks import make_env, resolve_task_names
+    from asyncwebrl.web.tasks import make_env
 
     cfg = s.cfg
     adapter = VLMAdapter(s.model_path)
     env_cfg = cfg.env
-    if cfg.env.type == "miniwob":
-        names = resolve_task_names(cfg.test_rollout.tasks)
-    else:
-        names = [n.strip() for n in cfg.test_rollout.tasks.split(",") if n.strip()]
-    tasks = eval_tasks(names, cfg.test_rollout.n_episodes, cfg.env.max_steps)
-    if cfg.env.type == "miniwob":
-        for t in tasks:
-            if not t.task_id.startswith("miniwob/"):
-                t.task_id = "miniwob/" + t.task_id
+    tasks, heldout = eval_task_sets(cfg)
     s.test_rollout = TestRolloutManager(
         ckpt_root=Path(s.run.root) / "checkpoints",
         client=InferenceClient(s.test_addresses, api_key=s.api_key, timeout_s=cfg.rollout.request_timeout_s),
         adapter=adapter, env_factory=lambda: make_env(env_cfg), env_cfg=env_cfg, tasks=tasks,
         sampling=eval_sampling(cfg, adapter),
         on_result=lambda figs: s.run.log_metrics("eval", int(figs["version"]), figs),
-        poll_interval_s=cfg.test_rollout.poll_interval_s, store=InProcessPixelStore("eval"),
+        poll_interval_s=cfg.test_rollout.poll_interval_s, store=InProcessPixelStore("eval"), heldout_tasks=heldout,
     )

@@ -15,11 +15,13 @@ class InferenceConfig:
     """port of the first server on its node, the next ones counting up (train rollout, then test
     rollout); 0 = free ports picked at start"""
     api_key: str | None = None
-    """when set, every request must carry 'Authorization: Bearer <key>'"""
+    """when set, every request but /health must carry 'Authorization: Bearer <key>'; when unset, the run
+    makes a random one (control endpoints always need a key); it reaches servers through their environment"""
     max_batch_size: int = 32
     """embedded hf backend: most sequences decoded together (continuous batching)"""
     max_context_len: int = 4096
-    """embedded hf backend: longest prompt + generation it accepts"""
+    """longest prompt + generation a server accepts (hf: --max-context-len, sglang: --context-length);
+    the launcher lets servers clamp max_new_tokens to what is left (--allow-auto-truncate)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """embedded hf backend: parameter dtype"""
     mem_fraction_static: float = 0.8

@@ -172,6 +172,9 @@ class HFEngine:
                 on_token: Callable[[EngineRequest], None] | None = None) -> EngineRequest:
         """Check limits, decode images, tokenize (one prompt: see GenerateRequest.split); ProtocolError on
         anything the model cannot take. Each limit is checked before the work it bounds."""
+        if req.is_batch:
+            raise ProtocolError("the engine takes one prompt at a time (GenerateRequest.split)")
+        req = req.split()[0]  # normalized: image_data a list, sampling_params set
         lim = self.limits
         raw_images = list(req.image_data or [])
         if len(raw_images) > lim.max_images_per_prompt:

@@ -27,12 +27,14 @@ import argparse
 import asyncio
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from asyncwebrl.protocol import (
     ProtocolError,
     error,
     ok,
+    parse_generate_bounded,
     parse_json,
 )
 
@@ -58,8 +61,10 @@ KEY_ENV = "ASYNCWEBRL_API_KEY"
 WEIGHT_ROOTS_ENV = "ASYNCWEBRL_WEIGHTS_ROOTS"
 TRAINER_ADDRESSES_ENV = "ASYNCWEBRL_TRAINER_ADDRESSES"
 LOOPBACK = (net.LOOPBACK, "::1", "localhost")
-PARSE_INLINE_BYTES = 64 * 1024
-"""bodies above this are parsed on a worker thread, not the event loop"""
+PARSE_INLINE_BYTES = 256 * 1024
+"""bodies above this are parsed off the event loop (/generate: in a worker process)"""
+MAX_BATCH_PROMPTS = 256
+"""prompts in one /generate batch"""
 
 
 @dataclass
@@ -118,6 +123,7 @@ class InferenceServer:
         self.server_args = server_args or {}
         self.groups: dict[str, WeightUpdateGroup] = {}
         self._weights_lock = asyncio.Lock()
+        self._pool: ProcessPoolExecutor | None = None
         self.started = time.time()
 
     # ---- app ---------------------------------------------------------------------------------------
@@ -162,6 +168,9 @@ class InferenceServer:
         if pol.needs_key(request.path) and not httpguard.keys_equal(
                 httpguard.bearer(request.headers.get("Authorization")), pol.api_key):
             return self._refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
+        refused = httpguard.body_type_refusal(request)
+        if refused is not None:
+            return self._refuse(*refused)
         try:
             return await handler(request)
         except ProtocolError as e:
@@ -179,18 +188,32 @@ class InferenceServer:
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
-            if len(raw) > PARSE_INLINE_BYTES:
-                body = await asyncio.to_thread(parse_json, cls, raw)
-            else:
+            if len(raw) <= PARSE_INLINE_BYTES:
                 body = parse_json(cls, raw)
+            elif path == "/generate":  # a big body: parsed and bounded in the worker process
+                e = self.engine
+                body = await asyncio.get_running_loop().run_in_executor(
+                    self._parse_pool(), parse_generate_bounded, raw, MAX_BATCH_PROMPTS, e.context_len,
+                    e.limits.max_prompt_chars or 16 * e.context_len)
+            else:
+                body = await asyncio.to_thread(parse_json, cls, raw)
             return await handler(body, request)
 
         return wrapped
+
+    def _parse_pool(self) -> ProcessPoolExecutor:
+        """One spawned worker process for parsing large bodies (pydantic holds the GIL while it builds
+        millions of values; a thread would stall /health). Started on first use."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def _on_shutdown(self, app: web.Application) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         await self._run(self.engine.stop)
         for g in self.groups.values():
             g.destroy()
@@ -379,6 +402,7 @@ class InferenceServer:
         return web.json_response({
             **self.server_args,
             "backend": "hf",
+            "engine": type(e).__name__,
             "version": "asyncwebrl-hf",
             "weight_version": e.weight_version,
             "paused": e.paused,
@@ -442,7 +466,9 @@ def serve_main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read the API key: {e}", file=sys.stderr)
         return 2
-    engine = HFEngine(
+    from asyncwebrl.inference.graph_engine import make_engine
+
+    engine = make_engine(
         args.model,
         device=getattr(args, "device", "cpu"),
         dtype=getattr(args, "dtype", "float32"),

@@ -6,8 +6,10 @@ rollout and trainer code do not change with the scheduler.
 
 Wire format (no pickle anywhere): screenshots travel as length-prefixed binary frames
 (8-byte big-endian length, then the bytes; length -1 marks a missing key on `get`), everything else
-as JSON. Every request carries the per-server random token; the server binds loopback only and exits
-when the process that started it dies.
+as JSON. Every request carries the per-server random token (handed to the server in its environment,
+never argv); the server binds loopback only, refuses browser requests (Origin / Sec-Fetch-*), foreign
+Host headers and bodies of the wrong type or size (asyncwebrl.httpguard), and exits when the process
+that started it dies.
 
 Invariant: a client call never hangs: each request has a timeout; if the server process died, the
 client restarts it (when it owns it) and retries once; keys lost with the old process read as missing.
@@ -29,11 +31,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from asyncwebrl.httpguard import body_type_refusal, keys_equal, refusal, served_names
 from asyncwebrl.net import LOOPBACK
 from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable
 
 TOKEN_HEADER = "X-PixelStore-Token"
+MAX_BODY_BYTES = 1 << 30
+"""largest request body (a put_batch of screenshots)"""
 _LEN = struct.Struct(">q")
 
 
@@ -74,10 +79,19 @@ def build_app(store: PixelStore, token: str):
 
     put_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pixelstore-put")
 
+    names = served_names()
+
     @web.middleware
     async def auth(request, handler):
-        if request.headers.get(TOKEN_HEADER) != token:
-            return web.json_response({"error": "missing or wrong token"}, status=401)
+        # the gate of every listener (asyncwebrl.httpguard): no browser, no foreign Host, sized bodies
+        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES)
+        if refused is None and not keys_equal(request.headers.get(TOKEN_HEADER), token):
+            refused = 401, "missing or wrong token"
+        if refused is None:
+            refused = body_type_refusal(request, "application/octet-stream" if request.path == "/put_batch"
+                                        else "application/json")
+        if refused is not None:
+            return web.json_response({"error": refused[1]}, status=refused[0])
         try:
             return await handler(request)
         except (ValueError, TypeError, KeyError) as e:
@@ -121,7 +135,7 @@ def build_app(store: PixelStore, token: str):
     async def health(request):
         return web.json_response({"ok": True, "prefix": store.prefix})
 
-    app = web.Application(middlewares=[auth], client_max_size=1 << 30)
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/put_batch", put_batch)
     app.router.add_post("/get", get)
     app.router.add_post("/free", free)

@@ -1,7 +1,7 @@
 """The rollout controller: owns the executors, the pending-results queue, and weight-update brackets.
 
-The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `update_weights(fn)`,
-`stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
+The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `set_task_weights`,
+`update_weights(fn)`, `stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
 sync_pool.py) stays behind that interface. The controller never imports training code: the weight
 transfer itself is the `fn` passed to `update_weights` (an xccl broadcast from the trainer, or a disk
 reload through the inference client).
@@ -89,6 +89,7 @@ class RolloutController:
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.dropped_stale = 0
+        self.task_weight_push_failures = 0
         self.lost_rollouts = 0
         """rollouts of workers that died (in flight or finished but not delivered)"""
         self._received_by: dict[int, int] = {}
@@ -290,6 +291,20 @@ class RolloutController:
         self.staleness.set_version(version)
         self._version = version
         self._each_host("set_version", version)
+
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        """Push task-sampling weights (from the trainer-side curriculum) to every live worker's task sampler.
+        A worker that misses one push keeps its previous weights (a hint, not a barrier): the failure is
+        logged and counted, and a dead worker is found by its collector."""
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
+            try:
+                h.set_task_weights(weights)
+            except Exception as e:  # noqa: BLE001
+                with self._lock:
+                    self.task_weight_push_failures += 1
+                log.warning("rollout worker %d: task-weight push failed: %r", i, e)
 
     def reseed(self, version: int) -> None:
         """Resume from a checkpoint at `version` (call before start)."""

@@ -37,6 +37,7 @@ Workflow = Callable[[Task, VersionGetter], Awaitable[RolloutGroup]]
 
 class TaskSource(Protocol):
     def next(self) -> Task: ...
+    # optional: set_weights(weights: dict[str, float] | None) for adaptive task sampling
 
 
 class Admission(Protocol):
@@ -168,6 +169,13 @@ class WorkflowExecutor:
 
     def version(self) -> int:
         return self._version
+
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        """Sampling weights per task id for the task source (adaptive sampling); None = uniform."""
+        setter = getattr(self.tasks, "set_weights", None)
+        if setter is None:
+            raise TypeError(f"executor {self.name}: task source {type(self.tasks).__name__} takes no sampling weights")
+        setter(weights)
 
     def _wake(self) -> None:
         """Capacity may have grown: wake slots waiting for admission."""

@@ -44,6 +44,7 @@ class ExecutorHost(Protocol):
     def pause(self) -> None: ...
     def resume(self) -> None: ...
     def set_version(self, version: int) -> None: ...
+    def set_task_weights(self, weights: dict[str, float] | None) -> None: ...
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]: ...
     def stats(self) -> ExecutorStats: ...
     def shutdown(self) -> None: ...
@@ -77,6 +78,9 @@ class LocalExecutorHost:
 
     def set_version(self, version: int) -> None:
         self.executor.set_version(version)
+
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self.executor.set_task_weights(weights)
 
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self.executor.get_results(max_n, timeout_s)
@@ -200,6 +204,9 @@ class RolloutWorkerActor:
     def set_version(self, v: int) -> None:
         self.host.set_version(v)
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self.host.set_task_weights(weights)
+
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self.host.fetch(max_n, timeout_s)
 
@@ -233,6 +240,9 @@ class RayExecutorHost:
 
     def set_version(self, version: int) -> None:
         self._get(self.handle.set_version.remote(version))
+
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self._get(self.handle.set_task_weights.remote(weights))
 
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self._get(self.handle.fetch.remote(max_n, timeout_s), timeout_s + self.call_timeout_s)

@@ -178,6 +178,12 @@ class SyncRolloutPool:
     def set_version(self, version: int) -> None:
         self._version = version
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        setter = getattr(self.tasks, "set_weights", None)
+        if setter is None:
+            raise TypeError(f"task source {type(self.tasks).__name__} takes no sampling weights")
+        setter(weights)
+
     def reseed(self, version: int) -> None:
         self._version = version
 

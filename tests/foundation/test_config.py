@@ -124,3 +124,32 @@ def test_overrides_interpolate_through_omegaconf(tmp_path, monkeypatch):
     cfg = load_run_config(None, ["cluster.fileroot=${oc.env:AWRL_SCRATCH}/runs", "gconfig.n_samples=3",
                                  "rollout.consumer_batch_size=${gconfig.n_samples}"])
     assert cfg.cluster.fileroot == f"{tmp_path}/runs" and cfg.rollout.consumer_batch_size == 3
+
+
+def test_heldout_tasks_must_not_overlap_the_training_tasks():
+    with pytest.raises(ConfigError, match="overlap.*click-test"):
+        load_run_config(None, ["env.tasks=click-test,click-button", "test_rollout.heldout_tasks=click-test"])
+    with pytest.raises(ConfigError, match="unknown MiniWoB task"):
+        load_run_config(None, ["test_rollout.heldout_tasks=no-such-task"])
+    cfg = load_run_config(None, ["env.tasks=click-test", "test_rollout.heldout_tasks=click-link"])
+    assert cfg.test_rollout.heldout_tasks == "click-link"
+    # the default's held-out MiniWoB tasks do not stop a run on another environment
+    cfg = load_run_config(None, ["env.type=webgym", "env.task_file=asyncwebrl/web/demo_site/tasks.jsonl"])
+    from asyncwebrl.evaluation.evaluate import eval_task_sets
+
+    assert eval_task_sets(cfg)[1] == []
+
+
+def test_eval_sets_default_to_the_training_tasks_and_take_webgym_ids():
+    from asyncwebrl.evaluation.evaluate import eval_task_sets
+
+    cfg = load_run_config(None, ["env.tasks=click-test,click-button", "test_rollout.n_episodes=4",
+                                 "test_rollout.heldout_tasks=click-link", "test_rollout.heldout_n_episodes=2"])
+    tasks, held = eval_task_sets(cfg)
+    assert [t.task_id for t in tasks] == ["miniwob/click-test", "miniwob/click-button"] * 2
+    assert [t.task_id for t in held] == ["miniwob/click-link"] * 2
+    cfg = load_run_config(None, ["env.type=webgym", "env.task_file=asyncwebrl/web/demo_site/tasks.jsonl",
+                                 "test_rollout.n_episodes=3", "test_rollout.tasks=demo/about,demo/agree"])
+    tasks, held = eval_task_sets(cfg)
+    assert [t.task_id for t in tasks] == ["demo/about", "demo/agree", "demo/about"] and not held
+    assert tasks[0].spec["evaluator"]["type"] == "url_match"  # a playable task, not a bare name

@@ -219,7 +219,7 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
     from asyncwebrl.training.checkpoint import complete_checkpoints
 
     steps = 4
-    cmd = _train_cmd(tmp_path, steps, ["recover=auto"])
+    cmd = _train_cmd(tmp_path, steps, ["recover=auto", "env.task_sampling.mode=adaptive"])
     log1 = open(tmp_path / "first.log", "wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log1, stderr=subprocess.STDOUT)
     try:
@@ -247,6 +247,10 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
     assert [r["version"] for r in after] == list(range(want_version + 1, steps + 1))
     assert all(max(map(int, r["staleness_hist"] or {"0": 0})) <= 1 for r in after), [r["staleness_hist"] for r in after]
     assert all(r["duplicates"] == 0 for r in after)
+    # the adaptive task tracker came back from the checkpoint: its group count continues, not restarts
+    batch = cfg.rollout.consumer_batch_size
+    cur_after = [r for r in records[last_resume:] if r["kind"] == "curriculum"]
+    assert sum(v for k, v in cur_after[0].items() if k.startswith("groups.")) == (want_version + 1) * batch
     final = json.loads((complete_checkpoints(ckroot)[-1] / "trainer_state.json").read_text())
     assert final["version"] == steps
 

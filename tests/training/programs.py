@@ -94,7 +94,7 @@ def uninterrupted(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: 
 
 
 def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, server: str,
-                         version: int) -> dict:
+                         version: int, api_key: str | None = None) -> dict:
     """Train one step on FSDP ranks, gather full parameters (collective), rank 0 broadcasts them to
     the server; returns the gathered parameters (rank 0) and the broadcast report."""
     from asyncwebrl.training.actor import FSDPActor
@@ -106,7 +106,7 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
     named = actor.state_dict_for_broadcast()
     report = None
     if rank == 0:
-        bc = WeightBroadcaster([server], None, actor.cfg)
+        bc = WeightBroadcaster([server], api_key, actor.cfg)
         bc.init_group()
         report = bc.broadcast(named, version)
         bc.close()

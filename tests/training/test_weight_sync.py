@@ -20,11 +20,13 @@ from asyncwebrl.training.launcher import run_ranks
 from asyncwebrl.training.weight_sync import WeightBroadcaster, WeightSyncError, make_buckets
 
 SYNC_TIMEOUT_S = 8
+KEY = "weight-sync-test-key"
 
 
 def http(addr: str, path: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
@@ -32,7 +34,8 @@ def http(addr: str, path: str, body: dict | None = None) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(model=TINY, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S)
+    srv = launch_server(model=TINY, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S, api_key=KEY,
+                        weights_roots=[str(tmp_path_factory.getbasetemp())])
     yield srv.address
     srv.stop()
 
@@ -51,7 +54,7 @@ def test_fsdp_gather_and_broadcast_into_server_is_bit_exact_and_served(server):
 
     before = http(server, "/weights_checksum")["sha256"]
     cfg = dict(path=TINY, lr=1e-2, mb_max_tokens=200, weight_chunked_mem_mb=1)  # several buckets
-    out = run_ranks(train_then_broadcast, 2, (cfg, server, 5), timeout_s=300)[0]
+    out = run_ranks(train_then_broadcast, 2, (cfg, server, 5, KEY), timeout_s=300)[0]
     params, report = out["params"], out["report"]
     assert report.n_buckets > 1 and report.n_tensors == len(params)
     served = http(server, "/weights_checksum")
@@ -76,7 +79,7 @@ def test_fsdp_gather_and_broadcast_into_server_is_bit_exact_and_served(server):
 @pytest.mark.slow
 def test_server_refusing_a_bucket_is_an_error_and_it_keeps_serving(server):
     before = http(server, "/weights_checksum")["sha256"]
-    bc = WeightBroadcaster([server], None, ActorConfig(weight_update_timeout_s=60))
+    bc = WeightBroadcaster([server], KEY, ActorConfig(weight_update_timeout_s=60))
     bc.init_group()
     try:
         t0 = time.monotonic()
@@ -94,7 +97,7 @@ def test_server_refusing_a_bucket_is_an_error_and_it_keeps_serving(server):
 def test_dead_receiver_is_an_error_within_the_timeout():
     urls, procs = start_receivers(1)
     try:
-        bc = WeightBroadcaster(urls, None, ActorConfig(weight_update_timeout_s=SYNC_TIMEOUT_S))
+        bc = WeightBroadcaster(urls, KEY, ActorConfig(weight_update_timeout_s=SYNC_TIMEOUT_S))
         bc.init_group()
         bc.broadcast([("w", torch.arange(10.0))], version=1)  # alive: works
         procs[0].kill()
@@ -109,7 +112,7 @@ def test_dead_receiver_is_an_error_within_the_timeout():
 
 
 def test_unreachable_server_fails_init_quickly():
-    bc = WeightBroadcaster([f"http://127.0.0.1:{free_port()}"], None, ActorConfig(weight_update_timeout_s=SYNC_TIMEOUT_S))
+    bc = WeightBroadcaster([f"http://127.0.0.1:{free_port()}"], KEY, ActorConfig(weight_update_timeout_s=SYNC_TIMEOUT_S))
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match="unreachable|failed to join"):
         bc.init_group()
@@ -125,7 +128,7 @@ def test_round_trip_to_two_receivers_is_bit_exact_for_mixed_dtypes():
              ("c", torch.randn(5, 5, generator=g).to(torch.float16)), ("d", torch.randint(0, 99, (17,), generator=g))]
     urls, procs = start_receivers(2)
     try:
-        bc = WeightBroadcaster(urls, None, ActorConfig(weight_chunked_mem_mb=1, weight_update_timeout_s=60))
+        bc = WeightBroadcaster(urls, KEY, ActorConfig(weight_chunked_mem_mb=1, weight_update_timeout_s=60))
         bc.init_group()
         rep = bc.broadcast(named, version=3)
         assert rep.bytes == sum(t.numel() * t.element_size() for _, t in named)
