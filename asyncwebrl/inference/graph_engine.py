@@ -13,9 +13,11 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   plain engine's sampler, so behaviour is the same as `HFEngine`'s;
 - weights: parameters stay in place (fused views); `exclusive()` checks on exit whether any was
   rebound and then rebuilds the fused buffers and graphs;
-- prefill batching: with sequences running, waiting requests are prefilled once `prefill_min_batch`
-  of them wait or the oldest has waited `prefill_max_wait_s` (each prefill is one eager forward
-  whatever its size, so a trickle of arrivals is grouped); with nothing running, at once;
+- prefill batching: with nothing running, waiting requests are prefilled at once; with sequences
+  running, a prefill waits until the decode steps since the last prefill took `prefill_duty` times
+  that prefill's time (each prefill costs about the same whatever its size, so arrivals are grouped
+  and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of requests
+  left one decode step per ~150 ms);
 - Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py);
 - lean prefill: the model's own forward computes image features and M-RoPE positions, and the text
   decoder inside it is run by `StaticDecoder.prefill_text` (the compiled layer functions, KV written
@@ -51,13 +53,13 @@ class GraphEngine(HFEngine):
     """HFEngine with a static-cache, graph-captured decode path (see module docstring)."""
 
     def __init__(self, model_path: str, *, use_graphs: bool | None = None, compile_layers: bool | None = None,
-                 prefill_tokens: int = 32768, prefill_min_batch: int = 8, prefill_max_wait_s: float = 0.03,
-                 lean_prefill: bool = True, **kw: Any):
+                 prefill_tokens: int = 32768, prefill_duty: float = 1.0, lean_prefill: bool = True, **kw: Any):
         super().__init__(model_path, **kw)
         on_gpu = self.device.type == "cuda"
         self.prefill_tokens = prefill_tokens
-        self.prefill_min_batch = prefill_min_batch
-        self.prefill_max_wait_s = prefill_max_wait_s
+        self.prefill_duty = prefill_duty
+        self._prefill_end = 0.0
+        self._prefill_last_s = 0.0
         self.lean_prefill = lean_prefill
         self.decoder: StaticDecoder | None = None
         reason = supported(self.model)
@@ -186,9 +188,8 @@ class GraphEngine(HFEngine):
                 free = self.max_batch_size - len(self._batch)
                 if free <= 0 or not self._waiting or self._paused:
                     return
-                if self._batch.reqs and len(self._waiting) < min(free, self.prefill_min_batch) and (
-                        time.perf_counter() - self._waiting[0].arrival < self.prefill_max_wait_s):
-                    return  # let a few more arrive; the running ones keep decoding
+                if self._batch.reqs and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s:
+                    return  # decode first: prefills take at most prefill_duty/(1+prefill_duty) of the engine
                 group: list[EngineRequest] = []
                 longest = 0
                 while self._waiting and len(group) < free:
@@ -250,7 +251,9 @@ class GraphEngine(HFEngine):
         self.stats["prefill_batches"] += 1
         self._append_sampled(group, tok, lp, logits)
         self._drop_finished()
-        self.stats["prefill_s"] += time.perf_counter() - t0
+        self._prefill_end = time.perf_counter()
+        self._prefill_last_s = self._prefill_end - t0
+        self.stats["prefill_s"] += self._prefill_last_s
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self) -> None:
