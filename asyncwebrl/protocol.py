@@ -489,12 +489,12 @@ def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_ch
     if req.input_ids is not None:
         for i, ids in enumerate(req.input_ids if req.is_batch else [req.input_ids]):
             if len(ids) > max_tokens:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}the input ({len(ids)} tokens) is "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}the input ({len(ids)} tokens) is "
                                     f"longer than the model's context length ({max_tokens} tokens)")
     if req.text is not None:
         for i, t in enumerate(req.text if req.is_batch else [req.text]):
             if len(t) > max_chars:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}prompt text of {len(t)} characters "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}prompt text of {len(t)} characters "
                                     f"exceeds the limit of {max_chars}")
     return req
 
