@@ -270,11 +270,11 @@ class Controller:
     def train(self, resume_from: Path | None = None) -> RunSummary:
         cfg = self.cfg
         self.maybe_resume(resume_from)
-        self._push_task_weights()
         if self.sys.test_rollout is not None and resume_from is None:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
             self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
         self.sys.start_rollout()
+        self._push_task_weights()  # after start: a Ray worker answers calls once it is constructed
         bar = None
         if cfg.stats.progress_bar:
             from tqdm import tqdm

@@ -41,7 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
-from asyncwebrl import httpguard
+from asyncwebrl import httpguard, net
 from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine, RequestLimits
 from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
 from asyncwebrl.net import free_port
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 KEY_ENV = "ASYNCWEBRL_API_KEY"
 WEIGHT_ROOTS_ENV = "ASYNCWEBRL_WEIGHTS_ROOTS"
 TRAINER_ADDRESSES_ENV = "ASYNCWEBRL_TRAINER_ADDRESSES"
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = (net.LOOPBACK, "::1", "localhost")
 PARSE_INLINE_BYTES = 256 * 1024
 """bodies above this are parsed off the event loop (/generate: in a worker process)"""
 MAX_BATCH_PROMPTS = 256
@@ -168,6 +168,9 @@ class InferenceServer:
         if pol.needs_key(request.path) and not httpguard.keys_equal(
                 httpguard.bearer(request.headers.get("Authorization")), pol.api_key):
             return self._refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
+        refused = httpguard.body_type_refusal(request)
+        if refused is not None:
+            return self._refuse(*refused)
         try:
             return await handler(request)
         except ProtocolError as e:
@@ -538,7 +541,7 @@ class ThreadServer:
         self._thread.join(timeout=30)
 
 
-def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = "127.0.0.1",
+def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBACK,
                      api_key: str | None = None, policy: ServerPolicy | None = None) -> ThreadServer:
     """Serve an (already started) engine from a background thread; returns once it accepts requests.
     Without a policy: `api_key` guards every endpoint but /health when given, else a fresh key

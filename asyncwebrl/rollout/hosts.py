@@ -260,7 +260,8 @@ class RayExecutorHost:
 
 
 def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_size: int, eta: int,
-                     cpus_per_worker: float = 0.2) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
+                     cpus_per_worker: float = 0.2,
+                     resources: dict[str, float] | None = None) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
     """Start the StalenessActor and `workers` RolloutWorkerActors; returns (hosts, staleness, actor)."""
     import ray
 
@@ -270,7 +271,7 @@ def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_si
     worker_cls = ray.remote(RolloutWorkerActor)
     hosts = []
     for i, slots in enumerate(split_slots(concurrency, workers)):
-        h = worker_cls.options(num_cpus=cpus_per_worker, max_concurrency=8,
+        h = worker_cls.options(num_cpus=cpus_per_worker, max_concurrency=8, resources=resources or {},
                                name=None).remote(spec, i, slots, stale_actor)
         hosts.append(RayExecutorHost(h))
     return hosts, RemoteStaleness(stale_actor), stale_actor

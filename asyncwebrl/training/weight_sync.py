@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, WILDCARDS, free_port
 from asyncwebrl.training.config import ActorConfig
 
 
@@ -122,7 +122,7 @@ class WeightBroadcaster:
     """Rank 0's side of the weight-update group with every train-rollout server."""
 
     def __init__(self, server_addresses: list[str], api_key: str | None, cfg: ActorConfig, *,
-                 master_address: str = "127.0.0.1", master_port: int = 0, backend: str | None = None,
+                 master_address: str = LOOPBACK, master_port: int = 0, backend: str | None = None,
                  device: str = "cpu", group_name: str | None = None):
         if not server_addresses:
             raise ValueError("WeightBroadcaster needs at least one server address")
@@ -152,7 +152,7 @@ class WeightBroadcaster:
         """Form the group: HTTP init to every server concurrently with rank 0's rendezvous."""
         if self.pg is not None:
             raise WeightSyncError("weight update group already initialized; close() first")
-        port = self.master_port or free_port(self.master_address if self.master_address != "0.0.0.0" else "127.0.0.1")
+        port = self.master_port or free_port(LOOPBACK if self.master_address in WILDCARDS else self.master_address)
         self.master_port = port
         deadline = time.monotonic() + self.timeout_s
         timeout = datetime.timedelta(seconds=self.timeout_s)

@@ -84,7 +84,7 @@ def test_inference_server_binds_loopback_by_default(tmp_path):
         assert _post(port, "/update_weight_version", b'{"weight_version": "9"}', {})[0] == 401
         assert _post(port, "/update_weights_from_disk", b'{"model_path": "/"}', {"Authorization": "Bearer no"})[0] == 401
         status, body = _post(port, "/update_weight_version", b'{"weight_version": "9"}',
-                             {"Authorization": "Bearer k3y"})
+                             {"Authorization": "Bearer k3y", "Content-Type": "application/json"})
         assert status in (200, 400) and b"API key" not in body  # with the key the request is heard
     finally:
         srv.stop()
