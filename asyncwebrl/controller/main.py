@@ -83,6 +83,8 @@ class Controller:
         self.state = LoopState()
         self.ckpt_root = run.root / "checkpoints"
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
+        self._control = None
+        self._control_for: list[str] = []
         self.step_hooks: list[Any] = []
         """callables hook(controller) run at the start of every step (fault injection, probes)"""
 
@@ -101,41 +103,32 @@ class Controller:
         log.info("resumed from %s at step %d, version %d", ckpt.name, self.state.step, self.state.version)
 
     # ---- one step -----------------------------------------------------------------------------
-    def _push_weights(self, new_version: int) -> dict[str, Any]:
-        """Pause rollout, move weights to the train-rollout servers, set the version, resume."""
-        rollout = self.sys.rollout
-        rollout.pause()
-        try:
-            if self.cfg.actor.weight_update_mode == "xccl":
-                info = self.sys.trainer.broadcast_weights(new_version)
-            else:
-                path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), self.cfg.checkpoint.keep_last)
-                info = self._load_from_disk(path, new_version)
-            rollout.set_version(new_version)
-        finally:
-            rollout.resume()
-        return info or {}
-
-    def _load_from_disk(self, path: str, version: int) -> dict[str, Any]:
-        import asyncio
-
-        from asyncwebrl.inference.client import InferenceClient
+    def _bracket(self):
+        """The refresh bracket over the live train-rollout servers (rebuilt when the set changes)."""
+        from asyncwebrl.weights.bracket import RefreshBracket
+        from asyncwebrl.weights.control import ControlChannel
 
         live = [a for a in self.sys.server_addresses if a not in self.supervisor.dropped]
-        client = InferenceClient(live, api_key=self.cfg.inference.api_key,
-                                 timeout_s=self.cfg.actor.weight_update_timeout_s)
+        if self._control is None or self._control_for != live:
+            if self._control is not None:
+                self._control.close()
+            self._control = ControlChannel(live, self.cfg.inference.api_key, self.cfg.actor.weight_update_timeout_s) \
+                if live else None
+            self._control_for = live
+        return RefreshBracket(self.sys.rollout, self._control, self.cfg.actor.weight_pause_mode)
 
-        async def go():
-            try:
-                return await client.aupdate_weights_from_disk(path, version)
-            finally:
-                await client.aclose()
-
-        answers = asyncio.run(go())
-        failed = {a: r.get("message") for a, r in answers.items() if not r.get("success", False)}
-        if failed:
-            raise RuntimeError(f"update_weights_from_disk failed on {failed}")
-        return {}
+    def _push_weights(self, new_version: int):
+        """The one refresh bracket: pause rollout and servers, move the weights, set the version, continue."""
+        if self.cfg.actor.weight_update_mode == "xccl":
+            transfer = lambda: self.sys.trainer.broadcast_weights(new_version)  # noqa: E731
+        else:
+            def transfer():
+                path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
+                                                        self.cfg.checkpoint.keep_last)
+                self._control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
+                                       timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
+        report, _ = self._bracket().refresh(new_version, transfer)
+        return report
 
     def _extra_state(self) -> dict[str, Any]:
         return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version}
@@ -225,8 +218,7 @@ class Controller:
             "servers_dropped": len(self.supervisor.dropped),
             "server_recovery_s": max((e.recovery_s for e in server_events), default=0.0),
         }
-        if isinstance(sync_info, dict):
-            out.update({f"sync_{k}": v for k, v in sync_info.items() if isinstance(v, (int, float))})
+        out.update(sync_info.metrics())
         run.log_metrics("train", st.step, out)
         return out
 
@@ -255,6 +247,9 @@ class Controller:
         finally:
             if bar is not None:
                 bar.close()
+            if self._control is not None:
+                self._control.close()
+                self._control = None
         return self.summary()
 
     def summary(self) -> dict[str, Any]:

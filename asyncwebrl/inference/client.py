@@ -265,7 +265,7 @@ class InferenceClient:
 
     async def apause(self, mode: str | None = None) -> dict[str, dict[str, Any]]:
         """Pause generation on every healthy server (running requests are kept unless mode='abort')."""
-        return await self._broadcast("/pause_generation", {"mode": mode} if mode else {})
+        return await self._broadcast("/pause_generation", {"mode": mode or "in_place"})
 
     async def aresume(self) -> dict[str, dict[str, Any]]:
         return await self._broadcast("/continue_generation", {})

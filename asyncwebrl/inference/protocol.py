@@ -30,6 +30,8 @@ ENDPOINTS_POST = (
     "/destroy_weights_update_group",
     "/update_weights_from_disk",
     "/update_weight_version",
+    "/begin_weight_update",
+    "/end_weight_update",
 )
 ENDPOINTS_GET = ("/health", "/model_info", "/get_model_info", "/server_info", "/weights_checksum")
 
@@ -143,9 +145,9 @@ class GenerateRequest:
 class PauseGenerationRequest:
     """Body of POST /pause_generation."""
 
-    mode: Literal["in_place", "retract", "abort"] = "in_place"
-    """in_place/retract: running requests are kept and continue after /continue_generation;
-    abort: they end now with finish_reason abort"""
+    mode: Literal["in_place", "retract", "abort"] = "abort"
+    """SGLang's modes and default: abort = running requests end now with finish_reason abort;
+    in_place/retract: they are kept and continue after /continue_generation"""
 
 
 @dataclass(kw_only=True)
@@ -195,7 +197,7 @@ class InitWeightsUpdateGroupRequest:
 
 @dataclass(kw_only=True)
 class UpdateWeightsFromDistributedRequest:
-    """Body of POST /update_weights_from_distributed (one bucket)."""
+    """Body of POST /update_weights_from_distributed (inside a /begin_weight_update session)."""
 
     names: list[str]
     """parameter names (the model's named_parameters()), in broadcast order"""
@@ -210,9 +212,16 @@ class UpdateWeightsFromDistributedRequest:
     abort_all_requests: bool = False
     """end in-flight requests with finish_reason abort instead of pausing them"""
     weight_version: str | int | None = None
-    """new weight version once this bucket is in"""
-    load_format: str | None = None
-    """accepted for compatibility; must be null"""
+    """new weight version once this announcement is in (the refresh bracket sets it once, at the end)"""
+    load_format: Literal["flattened_bucket"] | None = None
+    """null: one broadcast per tensor; "flattened_bucket": one broadcast of the tensors' bytes laid end to end"""
+    bucket_sizes: list[int] | None = None
+    """extension (hf backend, advertised in /server_info weight_update_extensions): tensors per
+    flattened bucket, so one announcement covers every bucket of a refresh"""
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
+    torch_empty_cache: bool = False
+    """accepted for compatibility"""
 
     def validate(self) -> None:
         if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
@@ -224,11 +233,22 @@ class UpdateWeightsFromDistributedRequest:
             if any(x < 0 for x in s):
                 raise ProtocolError(f"negative dimension in shape {s}")
         if len(set(self.names)) != len(self.names):
-            raise ProtocolError("names must be unique within one bucket")
-        if self.load_format is not None:
-            raise ProtocolError("load_format is not supported by the hf backend")
+            raise ProtocolError("names must be unique within one announcement")
+        if self.bucket_sizes is not None:
+            if self.load_format != "flattened_bucket":
+                raise ProtocolError("bucket_sizes needs load_format 'flattened_bucket'")
+            if any(n <= 0 for n in self.bucket_sizes) or sum(self.bucket_sizes) != len(self.names):
+                raise ProtocolError("bucket_sizes must be positive and add up to the number of names")
         if self.weight_version is not None:
             self.weight_version = str(self.weight_version)
+
+
+@dataclass(kw_only=True)
+class BeginWeightUpdateRequest:
+    """Body of POST /begin_weight_update (opens the update session SGLang 0.5.x requires)."""
+
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
 
 
 @dataclass(kw_only=True)
@@ -283,6 +303,8 @@ REQUEST_TYPES: dict[str, type] = {
     "/destroy_weights_update_group": DestroyWeightsUpdateGroupRequest,
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
+    "/begin_weight_update": BeginWeightUpdateRequest,
+    "/end_weight_update": EmptyRequest,
 }
 
 

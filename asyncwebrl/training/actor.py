@@ -313,21 +313,26 @@ class FSDPActor:
         return out
 
     # ---- weights out ------------------------------------------------------------------------------
-    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
-        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
-        out = []
+    def parameter_meta(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(HF name, dtype, full shape) of every parameter, tied weights once, in `named_parameters()`
+        order (local: no collective)."""
+        return [(name, p.dtype, tuple(p.shape)) for name, p in self.hf.named_parameters()]
+
+    def iter_full_parameters(self):
+        """Yield (HF name, full tensor) in `parameter_meta` order, gathering one parameter at a time
+        (collective under FSDP: every rank must run the iterator to the end; other ranks get their
+        gathered copy too, and drop it). Nothing larger than one parameter is held at once here."""
         for name, p in self.hf.named_parameters():
             t = p.detach()
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            if self.rank == 0:
-                out.append((name, t))
-        return out
+            yield name, t
 
-    def state_dict_for_broadcast(self) -> list[tuple[str, torch.Tensor]]:
-        """What `WeightBroadcaster.broadcast` sends: full parameters gathered on rank 0, on its device."""
-        return self.full_named_parameters()
+    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
+        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
+        out = [(n, t) for n, t in self.iter_full_parameters()]
+        return out if self.rank == 0 else []
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _optim_state_full(self) -> dict[str, Any] | None:
