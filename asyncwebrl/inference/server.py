@@ -36,11 +36,11 @@ from asyncwebrl.inference.protocol import (
     ok,
     parse_request,
 )
+from asyncwebrl.net import free_port
 from asyncwebrl.weights.disk import load_folder
 from asyncwebrl.weights.group import WeightSyncError
 from asyncwebrl.weights.receiver import WeightReceiver
 from asyncwebrl.weights.sender import EXTENSION_BUCKET_SIZES
-from asyncwebrl.net import free_port
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 2**20

@@ -11,10 +11,10 @@ serialise. Used by the trainer loop (`controller/main.py`), the rollout controll
   3. POST /begin_weight_update (the update session SGLang 0.5.x requires; a server without it,
      an older SGLang, answers 404 and is not asked again);
   4. transfer: the caller's function (the NCCL/gloo broadcast from the trainer rank, or a disk load);
-  5. POST /end_weight_update, /flush_cache (not in "in_place" mode: SGLang refuses to flush while
-     held requests keep their KV, so the transfer announces flush_cache false), then POST
-     /update_weight_version {new_version} ONCE: the servers report the new version only now that
-     every bucket landed;
+  5. POST /end_weight_update, /update_weight_version {new_version} ONCE (the servers report the new
+     version only now that every bucket landed) and /flush_cache (not in "in_place" mode: SGLang
+     refuses to flush while held requests keep their KV, so the transfer announces flush_cache
+     false), together: generation is paused, so they need no order among themselves;
   6. POST /continue_generation, set the rollout side's version, resume the gate.
 
 Invariants: the rollout side's version moves only if the transfer succeeded; the gate and the servers
@@ -75,6 +75,9 @@ class RefreshBracket:
         self.control = control
         self.pause_mode = pause_mode
 
+    def _finish(self, ctl: ControlChannel, version: int):
+        return _finish_calls(ctl, version, flush=self.pause_mode != "in_place")
+
     def refresh(self, version: int, transfer: Callable[[], Any]) -> tuple[RefreshReport, Any]:
         """Run the bracket around `transfer()`; returns the report and what `transfer` returned."""
         rep = RefreshReport(version)
@@ -95,10 +98,7 @@ class RefreshBracket:
             result = transfer()
             t3 = time.perf_counter()
             if ctl is not None:
-                ctl.call_all("/end_weight_update", {}, optional=True)
-                if self.pause_mode != "in_place":  # nothing holds KV of the old weights: drop cached prefixes
-                    ctl.call_all("/flush_cache", {}, optional=True)
-                ctl.call_all("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+                ctl.run(self._finish(ctl, version))
             if self.gate is not None:
                 self.gate.set_version(version)
             t4 = time.perf_counter()
@@ -118,6 +118,18 @@ class RefreshBracket:
             rep.resume_s = time.perf_counter() - t5
             rep.total_s = time.perf_counter() - t0
         return rep, result
+
+
+async def _finish_calls(ctl: ControlChannel, version: int, flush: bool) -> None:
+    """Close the session and set the version (and drop cached prefixes unless requests hold KV):
+    generation is paused, so these have no order among themselves and go out together."""
+    import asyncio
+
+    calls = [ctl.acall_all("/end_weight_update", {}, optional=True),
+             ctl.acall_all("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})]
+    if flush:
+        calls.append(ctl.acall_all("/flush_cache", {}, optional=True))
+    await asyncio.gather(*calls)
 
 
 def _running(answer: dict[str, Any] | None) -> int:

@@ -71,10 +71,12 @@ class WeightGroup:
         return self.pg.broadcast([t], opts)
 
     def wait(self, work: Any, deadline: float | None = None) -> None:
-        """Wait for `work`. For NCCL this orders the current stream after the collective and returns
-        without a host sync; for gloo it blocks until the data is in place."""
+        """Wait for `work`. For NCCL this only orders the current stream after the collective and
+        returns at once (torch turns a wait WITH a timeout into a host busy-wait, so none is passed:
+        the group's own timeout, set at construction, bounds it through NCCL's watchdog); for gloo
+        it blocks until the data is in place, bounded by the deadline."""
         try:
-            ok = work.wait(self._left(deadline))
+            ok = work.wait() if self.backend == "nccl" else work.wait(self._left(deadline))
         except Exception as e:  # noqa: BLE001 - a dead peer surfaces as a torch error
             raise WeightSyncError(f"collective in group '{self.name}' failed: {e}") from e
         if ok is False:

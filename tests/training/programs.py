@@ -97,8 +97,9 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
                          version: int) -> dict:
     """Train one step on FSDP ranks, gather full parameters (collective), rank 0 broadcasts them to
     the server; returns the gathered parameters (rank 0) and the broadcast report."""
-    from asyncwebrl.training.actor import FSDPActor
     from asyncwebrl.training.weight_sync import WeightBroadcaster
+
+    from asyncwebrl.training.actor import FSDPActor
 
     torch.manual_seed(0)
     actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)

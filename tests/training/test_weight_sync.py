@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 import torch
+from asyncwebrl.training.weight_sync import WeightBroadcaster, WeightSyncError, make_buckets
 from programs import TINY, make_samples, train_then_broadcast
 
 from asyncwebrl.bench.weightsync import start_receivers, stop_receivers
@@ -17,7 +18,6 @@ from asyncwebrl.models.vlm import encode_image_b64
 from asyncwebrl.scheduling.servers import free_port, launch_server
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.launcher import run_ranks
-from asyncwebrl.training.weight_sync import WeightBroadcaster, WeightSyncError, make_buckets
 
 SYNC_TIMEOUT_S = 8
 
