@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -56,6 +57,8 @@ class InferenceServer:
         self.weight_sync_timeout_s = weight_sync_timeout_s
         self.server_args = server_args or {}
         self.receiver = WeightReceiver(engine.named_parameters(), engine.device, weight_sync_timeout_s)
+        self.control_events: collections.deque[str] = collections.deque(maxlen=256)
+        """control endpoints called, oldest first (shown in /server_info; tests check the refresh order)"""
         self.weight_session = False
         """inside /begin_weight_update ... /end_weight_update (SGLang 0.5.x refuses updates outside)"""
         self._weights_lock = asyncio.Lock()
@@ -95,6 +98,8 @@ class InferenceServer:
     async def _middleware(self, request: web.Request, handler):
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.json_response(error("missing or wrong API key (Authorization: Bearer KEY)"), status=401)
+        if request.method == "POST" and request.path != "/generate":
+            self.control_events.append(request.path)
         try:
             return await handler(request)
         except ProtocolError as e:
@@ -332,6 +337,7 @@ class InferenceServer:
             "context_length": e.context_len,
             "weight_update_groups": sorted(self.receiver.groups),
             "weight_update_extensions": [EXTENSION_BUCKET_SIZES],
+            "control_events": list(self.control_events),
             "uptime_s": time.time() - self.started,
             **e.load_info(),
             "stats": dict(e.stats),

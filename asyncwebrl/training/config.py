@@ -59,8 +59,9 @@ class ActorConfig:
     """k of the constant 1/k per-step normalizer"""
     weight_update_mode: Literal["xccl", "disk"] = "xccl"
     """how weights reach the train-rollout servers: broadcast group (NCCL/gloo) or checkpoint on disk"""
-    weight_chunked_mem_mb: int = 1024
-    """flat bucket size (MiB) of one broadcast (measured on 2x H200, bench/results/weightsync_gpu.json)"""
+    weight_chunked_mem_mb: int = 2048
+    """flat bucket size (MiB) of one broadcast: the fastest of 512/1024/2048 on 2x H200 for 1.5B and 8B
+    (bench/results/weightsync_gpu.json, per_bucket_mb)"""
     weight_pause_mode: Literal["in_place", "retract", "abort"] = "in_place"
     """/pause_generation mode during a refresh (SGLang's): keep in-flight requests in place, retract
     them to the queue, or abort them (the client resubmits, keeping per-token logprobs and versions)"""

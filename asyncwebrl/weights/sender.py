@@ -39,7 +39,7 @@ from asyncwebrl.weights.group import WeightGroup, WeightSyncError, join_with_sto
 from asyncwebrl.weights.receiver import FLATTENED
 
 EXTENSION_BUCKET_SIZES = "bucket_sizes"
-DEFAULT_BUCKET_MB = 1024
+DEFAULT_BUCKET_MB = 2048
 
 
 @dataclass
