@@ -50,6 +50,10 @@ class LoopState:
     lost: int = 0
     seen_ids: set[str] = field(default_factory=set)
     duplicates: int = 0
+    checkpoint_stall_s: float = 0.0
+    """the longest time one checkpoint blocked the loop (snapshot + waiting for the previous write)"""
+    checkpoint_flush_s: float = 0.0
+    """waiting for the last background write after the loop ended"""
 
 
 def batch_figures(groups) -> dict[str, Any]:
@@ -183,12 +187,15 @@ class Controller:
         tr = self.sys.test_rollout
         if (every and st.step % every == 0) or st.step == cfg.total_train_steps or (tr and tr.wants_checkpoint):
             if cfg.actor.weight_update_mode == "xccl" or st.step == cfg.total_train_steps:
-                self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
+                # the loop blocks only for the snapshot; the write and its atomic publish run behind it
+                self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
+                                                 background=True)
             if tr:
                 tr.checkpoint_written()
             t4 = run.now()
             run.log_phase(st.step - 1, "checkpoint", t3, t4)
             ckpt_s = t4 - t3
+            st.checkpoint_stall_s = max(st.checkpoint_stall_s, ckpt_s)
         st.waited_s += t1 - t0
         st.trained_s += t2 - t1
         st.synced_s += t3 - t2
@@ -212,6 +219,7 @@ class Controller:
             "train_s": t2 - t1,
             "weight_sync_s": t3 - t2,
             "checkpoint_s": ckpt_s,
+            "checkpoint_stall_s": ckpt_s,
             "duplicates": st.duplicates,
             "wall_time_s": elapsed,
             "servers_restarted": sum(e.action == "restarted" for e in self.supervisor.events),
@@ -227,7 +235,8 @@ class Controller:
         self.maybe_resume(resume_from)
         if self.sys.test_rollout is not None and resume_from is None:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
-            self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
+            self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
+                                             background=True)
         self.sys.start_rollout()
         bar = None
         if cfg.stats.progress_bar:
@@ -250,6 +259,9 @@ class Controller:
             if self._control is not None:
                 self._control.close()
                 self._control = None
+            t0 = time.monotonic()
+            self.sys.trainer.flush_checkpoints()  # the last write is published before the run ends
+            self.state.checkpoint_flush_s = time.monotonic() - t0
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -271,6 +283,8 @@ class Controller:
             "dropped_stale": rstats.get("dropped_stale", 0),
             "failed_episodes": rstats.get("failed", rstats.get("failed_episodes", 0)),
             "trainer_idle_frac": self.state.waited_s / max(1e-9, time.monotonic() - self.state.t_start),
+            "checkpoint_stall_s": self.state.checkpoint_stall_s,
+            "checkpoint_flush_s": self.state.checkpoint_flush_s,
         }
 
 

@@ -66,9 +66,13 @@ class TrainerRank:
             raise RuntimeError("broadcast_weights before init_weight_group")
         return self.broadcaster.transfer(named, meta=self.actor.parameter_meta())
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last)
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last, background=background)
         return str(path) if path is not None else None
+
+    def flush_checkpoints(self) -> None:
+        self.actor.flush_checkpoints()
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self.actor.load_checkpoint(path)
@@ -106,8 +110,14 @@ class TrainerGroup:
         """Rank 0's `TransferReport`."""
         return self._all("broadcast_weights", version)[0]
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        return self._all("save_checkpoint", root, extra_state, keep_last)[0]
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        """Rank 0's checkpoint path; with `background` it is complete only after `flush_checkpoints`
+        (or when `latest_complete_checkpoint` shows it)."""
+        return self._all("save_checkpoint", root, extra_state, keep_last, background)[0]
+
+    def flush_checkpoints(self) -> None:
+        self._all("flush_checkpoints")
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self._all("load_checkpoint", path)[0]

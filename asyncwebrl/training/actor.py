@@ -147,6 +147,7 @@ class FSDPActor:
         self.version = 0
         """policy version: starts at 0, +1 per train_step (SPEC section 4)"""
         self.step = 0
+        self.ckpt_writer = ckpt.CheckpointWriter()
 
     # ---- collectives (no-ops in single-process mode) --------------------------------------------
     def _all_sum(self, values: list[float]) -> list[float]:
@@ -343,17 +344,28 @@ class FSDPActor:
             full_state_dict=True, cpu_offload=self.distributed))
 
     def save_checkpoint(self, root: str | Path, extra_state: dict[str, Any] | None = None,
-                        keep_last: int | None = None) -> Path | None:
-        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path)."""
+                        keep_last: int | None = None, background: bool = False) -> Path | None:
+        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path).
+        With `background`, rank 0 returns once its snapshot is taken and the write goes on in the
+        writer thread (at most one in flight; `flush_checkpoints` waits for it)."""
         params = self.full_named_parameters()
         optim = self._optim_state_full()
         path = None
         if self.rank == 0:
-            path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
-                                         optim, extra_state, keep_last)
+            if background:
+                path = self.ckpt_writer.submit(root, self.version, self.step, dict(params), self.model_path,
+                                               optim, extra_state, keep_last)
+            else:
+                self.ckpt_writer.wait()
+                path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
+                                             optim, extra_state, keep_last)
         if self.distributed:
             dist.barrier()
         return path
+
+    def flush_checkpoints(self, timeout_s: float | None = None) -> Path | None:
+        """Wait for the background write in flight (rank 0; a no-op elsewhere); raises its error."""
+        return self.ckpt_writer.wait(timeout_s)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and version from a complete checkpoint; returns its
@@ -395,5 +407,9 @@ class FSDPActor:
             raise ValueError(f"checkpoint does not match the model: missing {bad_missing[:5]}, unexpected {unexpected[:5]}")
 
     def close(self) -> None:
+        try:
+            self.ckpt_writer.wait()
+        except Exception:  # noqa: BLE001 - reported where it happened; closing must go on
+            pass
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
