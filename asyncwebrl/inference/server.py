@@ -40,7 +40,7 @@ from asyncwebrl.inference.protocol import (
 from asyncwebrl.net import free_port
 from asyncwebrl.weights.disk import load_folder
 from asyncwebrl.weights.group import WeightSyncError
-from asyncwebrl.weights.receiver import WeightReceiver
+from asyncwebrl.weights.receiver import AnnouncementRejected, WeightReceiver
 from asyncwebrl.weights.sender import EXTENSION_BUCKET_SIZES
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ class InferenceServer:
             "completion_tokens": len(res.output_ids),
             "cached_tokens": 0,
             "weight_version": res.weight_version,
+            "weight_versions": version_spans(res.versions, res.weight_version),
             "e2e_latency": res.latency_s,
             # extension (real SGLang lacks it): the version that produced each token
             "output_token_versions": res.versions,
@@ -256,7 +257,7 @@ class InferenceServer:
             t0 = time.perf_counter()
             try:
                 nbytes = await self._run(work)
-            except WeightSyncError as e:
+            except AnnouncementRejected as e:  # the caller's announcement does not fit: 400
                 raise ProtocolError(str(e)) from None
         return web.json_response(ok(
             f"received {len(req.names)} tensors ({nbytes} bytes) in {time.perf_counter() - t0:.3f}s",
@@ -346,6 +347,18 @@ class InferenceServer:
     async def weights_checksum(self, request: web.Request) -> web.Response:
         digest = await self._run(self.engine.weights_checksum)
         return web.json_response({"sha256": digest, "weight_version": self.engine.weight_version})
+
+
+def version_spans(versions: list[Any], current: Any) -> list[dict[str, Any]]:
+    """SGLang's `meta_info.weight_versions`: runs of output tokens made by one weight version."""
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(versions):
+        v = str(v)
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "start": i, "end": i + 1})
+    return spans or [{"version": str(current), "start": 0, "end": 0}]
 
 
 # ---- entry points -----------------------------------------------------------------------------------
