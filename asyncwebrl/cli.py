@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from asyncwebrl.configtree import ConfigError
+from asyncwebrl.net import LOOPBACK
 
 BENCHMARKS = {
     "inference": ("asyncwebrl.bench.inference", "tokens/s of the embedded server at concurrency 1/8/32"),
@@ -20,6 +21,10 @@ BENCHMARKS = {
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
+    "clip": ("asyncwebrl.bench.clip", "clip rate of decoupled vs coupled PPO at eta = 1, 2, 4 (same batches)"),
+    "curriculum": ("asyncwebrl.bench.curriculum", "uniform vs adaptive task sampling, greedy eval success"),
+    "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
+    "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
 }
 
@@ -39,7 +44,11 @@ def cmd_train(args) -> int:
     cfg = _config(args)
     from asyncwebrl.controller.main import run_training
 
-    run_training(cfg)
+    record = (args.record_as or "train-default") if args.record else None
+    if args.record_as and not args.record:
+        print("--record-as needs --record", file=sys.stderr)
+        return 2
+    run_training(cfg, record=record)
     return 0
 
 
@@ -73,7 +82,13 @@ def cmd_view(args) -> int:
 def cmd_record_screens(args) -> int:
     from asyncwebrl.web.record import record_main
 
-    return record_main(args.out, args.episodes, args.tasks, args.seed)
+    return record_main(args.out, args.episodes, args.tasks, args.seed, args.width, args.height)
+
+
+def cmd_record_latency(args) -> int:
+    from asyncwebrl.web.latency import record_latency_main
+
+    return record_latency_main(args.out, args.episodes, args.concurrency, args.tasks, args.seed)
 
 
 def cmd_prepare_model(args) -> int:
@@ -98,14 +113,34 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run PPO training (async everlasting pool, or rollout.mode=sync)")
     with_config(t)
     t.add_argument("--help-config", action="store_true", help="list every config key with its meaning")
+    t.add_argument("--record", action="store_true",
+                   help="also write the run summary to bench/results/train-default.json (or --record-as NAME)")
+    t.add_argument("--record-as", metavar="NAME", default=None, help="with --record: bench/results/NAME.json")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("serve", help="start an inference server speaking SGLang's native HTTP API")
     s.add_argument("--backend", choices=["hf"], default="hf", help="hf = embedded transformers engine")
     s.add_argument("--model", default="default", help="model folder, hub id, or 'default'")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--host", default=LOOPBACK, help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=30000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    s.add_argument("--api-key", default=None,
+                   help="the key (visible in the process list: prefer $ASYNCWEBRL_API_KEY or --api-key-file); "
+                        "without any, control endpoints get a fresh key written to a 0600 file")
+    s.add_argument("--api-key-file", default=None, help="read the key from this file (mode 600)")
+    s.add_argument("--key-scope", choices=["control", "all"], default=None,
+                   help="which endpoints need the key: control ones only, or all but /health "
+                        "(default: all when a key is given, control otherwise)")
+    s.add_argument("--weights-root", action="append", default=[],
+                   help="update_weights_from_disk loads only from folders under this (repeatable)")
+    s.add_argument("--trainer-address", action="append", default=[],
+                   help="host init_weights_update_group may dial besides loopback (repeatable)")
+    s.add_argument("--allowed-host", action="append", default=[],
+                   help="a Host name this server is reached by, besides IP literals and the machine's names")
+    s.add_argument("--allow-auto-truncate", action="store_true",
+                   help="clamp max_new_tokens to the context instead of refusing (SGLang's flag)")
+    s.add_argument("--max-body-mb", type=float, default=32.0, help="largest /generate body")
+    s.add_argument("--max-images", type=int, default=16, help="images per prompt")
+    s.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="pixels of one image")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     s.add_argument("--max-batch-size", type=int, default=32)
@@ -136,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("view", help="write (and optionally serve) the HTML report of a run directory")
     v.add_argument("run_dir")
-    v.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1")
+    v.add_argument("--serve", action="store_true", help="serve the report on the loopback address")
     v.add_argument("--port", type=int, default=8765)
     v.set_defaults(func=cmd_view)
 
@@ -145,7 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--episodes", type=int, default=24)
     r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--width", type=int, default=160, help="viewport width (1280 for full-size pages)")
+    r.add_argument("--height", type=int, default=210, help="viewport height (768 for full-size pages)")
     r.set_defaults(func=cmd_record_screens)
+
+    rl = sub.add_parser("record-latency", help="time page loads, actions and session warm-up on real Chromium "
+                                               "(a JSON file the synthetic env replays)")
+    rl.add_argument("out", help="JSON file to write")
+    rl.add_argument("--episodes", type=int, default=48)
+    rl.add_argument("--concurrency", type=int, default=8, help="sessions at a time")
+    rl.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
+    rl.add_argument("--seed", type=int, default=0)
+    rl.set_defaults(func=cmd_record_latency)
 
     pm = sub.add_parser("prepare-model", help="build the default model (and tiny Qwen test models) offline")
     pm.add_argument("--force", action="store_true", help="rebuild even if present")
@@ -154,7 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds: every `finally` stops what its command started
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

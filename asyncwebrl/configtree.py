@@ -5,6 +5,11 @@ the run is a tree of them (`asyncwebrl.config.RunConfig`). This module turns pla
 tree and keeps one invariant: a config object that exists is fully typed and validated. Unknown
 keys, wrong types and impossible values fail here, before any process starts, with the dotted key
 and (for typos) the closest valid keys in the message.
+
+OmegaConf does the layering: the YAML file and the dotted overrides are merged by OmegaConf (so
+`${...}` interpolation works in files and overrides, e.g. `cluster.fileroot=${oc.env:SCRATCH}`), and
+the resolved plain data is then built into the typed tree here, where each component's `validate()`
+runs and errors name the dotted key with close-match hints.
 """
 
 from __future__ import annotations
@@ -164,16 +169,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -188,14 +183,23 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """YAML file (optional) + dotted overrides -> validated config tree of type `cls`."""
-    data: dict[str, Any] = load_yaml(path) if path else {}
+    """YAML file (optional) + dotted overrides, merged and interpolated by OmegaConf -> validated
+    config tree of type `cls`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    base: dict[str, Any] = load_yaml(path) if path else {}
+    items = []
     for ov in overrides or []:
-        keys, value = parse_override(ov)
-        patch: dict[str, Any] = value
-        for k in reversed(keys):
-            patch = {k: patch}
-        data = merge(data, patch)
+        parse_override(ov)  # the same clear errors for a malformed override as before
+        key, raw = ov.split("=", 1)
+        items.append(f"{key.strip().lstrip('+')}={raw}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(items))
+        data = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as e:
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config could not be merged or interpolated: {msg} (overrides: {items})") from e
     return build(cls, data)
 
 

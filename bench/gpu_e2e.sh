@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU workload of `asyncwebrl bench e2e` (issue 9) on a 2-GPU box without Ray or Chromium:
-# local scheduler, rollout server on GPU 0, trainer on GPU 1, NCCL weight updates, a random-init
-# Qwen2.5-VL-3B-shaped model, and the synthetic env replaying real MiniWoB++ screenshots.
+# The GPU headline of `asyncwebrl bench e2e` (issues 9, 18) on a 2-GPU box without Ray or Chromium:
+# local scheduler, rollout server on GPU 0 (the graph engine), trainer on GPU 1, NCCL weight updates,
+# a random-init Qwen2.5-VL-3B-shaped model, workload=web-shaped: the synthetic env replaying real
+# MiniWoB++ screenshots and Chromium latencies recorded here (bench/data/web_latency.json),
+# heavy-tailed episode lengths, 64 concurrent sessions (batch 8 x n_samples 8), 12 steps per mode.
 #
 # Prepare on a machine with Chromium (the screenshots) and the tiny models (`make test` prepares them):
 #   asyncwebrl record-screens .wscache/screens --episodes 48 --tasks miniwob-all
@@ -9,7 +11,7 @@
 # then on the GPU box:   bash bench/gpu_e2e.sh OUTDIR [GPUS=2] [SHAPE=qwen2.5-vl-3b]
 # (GPUS=0 SHAPE=qwen2.5-vl-tiny rehearses the same script on a CPU with the venv.)
 set -x
-OUTD=${1:-$OUT}; GPUS=${2:-2}; SHAPE=${3:-qwen2.5-vl-3b}
+OUTD=${1:-$OUT}; GPUS=${2:-2}; SHAPE=${3:-qwen2.5-vl-3b}; STEPS=${STEPS:-12}
 SCREENS=${SCREENS:-.wscache/screens}
 export NCCL_NVLS_ENABLE=0 ASYNCWEBRL_CACHE=${ASYNCWEBRL_CACHE:-$PWD/.wscache/cache} ASYNCWEBRL_BENCH_DIR=$OUTD PYTHONUNBUFFERED=1
 if [ "$GPUS" != 0 ]; then
@@ -25,7 +27,9 @@ fi
 T0=$(date +%s)
 $PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE', '/tmp/awrl-model', 'bfloat16')" || exit 1
 echo "model ready after $(( $(date +%s) - T0 )) s"
-$PY -m asyncwebrl.cli bench e2e scheduler=local env=synthetic gpus=$GPUS model=/tmp/awrl-model steps=4 batch=2 \
-  n_samples=4 max_steps=3 max_new_tokens=16 eta=1 out=e2e-gpu fileroot=$OUTD/runs \
-  "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300"
+$PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
+  batch=8 n_samples=8 max_new_tokens=16 eta=1 out=e2e-gpu fileroot=${FILEROOT:-/tmp/awrl-runs} \
+  "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=2048"
 echo "e2e done after $(( $(date +%s) - T0 )) s"
+# the servers' logs (engine stats, graph capture) next to the result
+tail -n 30 ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/logs/*.log > $OUTD/servers.log 2>/dev/null

@@ -2,28 +2,50 @@
 pool, the same workload run twice in one invocation (SPEC sections 9, 11).
 
 Both runs use the same config apart from `rollout.mode` (and the sync pool's per-round warm-up):
-same model, tasks, batch, number of training steps. Reported per mode and as async/sync ratios:
-wall time per step, trajectories/s, generated tokens/s, trainer and rollout idle fractions, the
-per-step timeline, success vs wall time, staleness and dropped-stale counts. The ideal-overlap bound
-is derived from the sync run's own phase times: with rollout time R, train time T and sync time S
-per step, perfect overlap gives (R + T + S) / (max(R, T) + S).
+same model, tasks, batch, number of training steps. Each mode runs in a FRESH process (the production
+`Controller` with its trainer rank and stores, as `asyncwebrl train` builds them), so neither mode
+inherits the other's warm caches: with the local scheduler the trainer rank lives in the bench
+process, and running async after sync in one process let async skip the CUDA/allocator warm-up that
+sync had paid (the sync train phase fell 14.6 -> 3.5 s over four GPU steps while async's sat at 3.0 s).
+
+Figures (SPEC section 11: every throughput ratio twice):
+- `whole_run_speedup` (= `speedup`): trajectories/s over the whole training loop, checkpoints and the
+  first step included;
+- `steady_state_speedup`: median step time of sync over async, the first step excluded; a step is
+  rollout wait + train + weight sync, checkpoints and evaluation are their own phases;
+- `ideal_overlap_bound`: from the sync run's steady phase medians, rollout R, train T, sync S:
+  perfect overlap gives (R + T + S) / (max(R, T) + S); `share_of_ideal` = steady / bound;
+- per mode: per-phase medians, trainer and rollout idle fractions, CPU busy share, failed episodes.
 
 Knobs (key=value): steps, batch, n_samples, eta, max_steps, tasks, env (miniwob|synthetic),
-scheduler (ray|local), model, gpus (0 = CPU), extra (a ';'-separated list of config overrides).
+scheduler (ray|local), model, gpus (0 = CPU), extra (a ';'-separated list of config overrides),
+workload (default | web-shaped).
+
+`workload=web-shaped` is the synthetic env shaped like web agents' work (issue 18): recorded pages
+(env.synthetic_replay_dir, from `asyncwebrl record-screens`), step/reset/warm-up latencies replayed
+from bench/data/web_latency.json (measured on real Chromium by `asyncwebrl record-latency`),
+heavy-tailed episode lengths (log-normal, median 4, sigma 1: p95 ~ 21, capped at 30 steps), and at
+least 64 concurrent sessions (batch x n_samples); the sync pool relaunches its sessions every round
+and pays the recorded warm-up each time, the everlasting pool once per session.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asyncwebrl.bench.common import RESULTS_DIR, parse_overrides, print_table, write_result
 
 DEFAULTS = {
-    "steps": 5,
+    "steps": 12,
     "batch": 2,
     "n_samples": 2,
     "eta": 1,
@@ -37,16 +59,91 @@ DEFAULTS = {
     "extra": "",
     "out": "e2e",
     "fileroot": "/tmp/asyncwebrl-bench",
+    "workload": "default",
 }
 
+WEB_LATENCY_FILE = Path(__file__).resolve().parents[2] / "bench" / "data" / "web_latency.json"
+MIN_WEB_SESSIONS = 64
 
-def run_mode(mode: str, knobs: dict[str, Any]) -> dict[str, Any]:
-    from asyncwebrl.config import load_run_config
-    from asyncwebrl.controller.main import Controller
-    from asyncwebrl.controller.rundir import RunDir, read_jsonl
-    from asyncwebrl.controller.system import build_system
 
-    overrides = [
+def workload_overrides(knobs: dict[str, Any]) -> list[str]:
+    """Config overrides of the named workload (applied after the knobs, so they win)."""
+    name = knobs.get("workload", "default")
+    if name == "default":
+        return []
+    if name != "web-shaped":
+        raise SystemExit(f"unknown workload '{name}' (default, web-shaped)")
+    sessions = int(knobs["batch"]) * int(knobs["n_samples"])
+    if sessions < MIN_WEB_SESSIONS:
+        raise SystemExit(f"workload=web-shaped needs batch x n_samples >= {MIN_WEB_SESSIONS} concurrent sessions "
+                         f"(got {sessions})")
+    return ["env.type=synthetic", "env.max_steps=30", "env.synthetic_length_median=4",
+            "env.synthetic_length_sigma=1.0", f"env.synthetic_latency_file={WEB_LATENCY_FILE}",
+            f"rollout.max_concurrent_rollouts={knobs['batch']}", "rollout.sync_warmup=true",
+            "test_rollout.heldout_tasks=''"]  # MiniWoB held-out tasks need the miniwob package: GPU boxes lack it
+
+PHASES = ("rollout_wait", "train", "weight_sync")
+
+
+@dataclass(kw_only=True)
+class ModeResult:
+    """One mode's run, measured in its own process."""
+
+    mode: str
+    run_dir: str
+    setup_s: float
+    wall_s: float
+    """the training loop, first step to last, checkpoints included"""
+    steps: int
+    trajectories: int
+    generated_tokens: int
+    step_times_s: list[float]
+    """rollout wait + train + weight sync of each step"""
+    phase_times_s: dict[str, list[float]]
+    """per phase, per step"""
+    checkpoint_s_total: float
+    checkpoint_stall_s: float
+    trainer_idle_frac: float
+    rollout_idle_frac: float
+    cpu_busy_frac: float | None
+    failed_episodes: int
+    dropped_stale: int
+    staleness_hist: dict[str, int]
+    success_vs_time: list[list[float]]
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trajectories_per_s(self) -> float:
+        return self.trajectories / max(1e-9, self.wall_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / max(1e-9, self.wall_s)
+
+    @property
+    def steady_step_s(self) -> float:
+        """median step time, the first step excluded (it pays start-up: empty pool, cold caches)"""
+        steady = self.step_times_s[1:] or self.step_times_s
+        return statistics.median(steady)
+
+    def steady_phase_s(self, phase: str) -> float:
+        xs = self.phase_times_s[phase]
+        return statistics.median(xs[1:] or xs)
+
+    @property
+    def success_mean(self) -> float:
+        return statistics.fmean([s for _, s in self.success_vs_time]) if self.success_vs_time else 0.0
+
+    def figures(self) -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "timeline"}
+        d.update(trajectories_per_s=self.trajectories_per_s, tokens_per_s=self.tokens_per_s,
+                 steady_step_s=self.steady_step_s, wall_per_step_s=self.wall_s / max(1, self.steps),
+                 phase_medians_s={p: self.steady_phase_s(p) for p in PHASES}, success_mean=self.success_mean)
+        return d
+
+
+def _overrides(mode: str, knobs: dict[str, Any]) -> list[str]:
+    out = [
         f"rollout.mode={mode}", f"total_train_steps={knobs['steps']}",
         f"rollout.consumer_batch_size={knobs['batch']}", f"gconfig.n_samples={knobs['n_samples']}",
         f"rollout.max_head_offpolicyness={knobs['eta']}", f"env.max_steps={knobs['max_steps']}",
@@ -57,45 +154,55 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> dict[str, Any]:
         "test_rollout.enabled=false", "checkpoint.every_n_steps=0", "stats.progress_bar=false",
         "stats.keep_episodes=4",
     ]
-    overrides += [o for o in str(knobs["extra"]).split(";") if o.strip()]
-    cfg = load_run_config(None, overrides)
+    return out + workload_overrides(knobs) + [o for o in str(knobs["extra"]).split(";") if o.strip()]
+
+
+def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
+    """Train `knobs['steps']` steps in `mode` in this process, through the production controller."""
+    from asyncwebrl.config import load_run_config
+    from asyncwebrl.controller.main import Controller
+    from asyncwebrl.controller.rundir import RunDir, read_jsonl
+    from asyncwebrl.controller.system import build_system
+
+    cfg = load_run_config(None, _overrides(mode, knobs))
     run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=False)
     t0 = time.monotonic()
     system = build_system(cfg, run)
     setup_s = time.monotonic() - t0
     try:
         cpu0 = _cpu_times()
-        summary = Controller(cfg, system, run).train()
+        ctl = Controller(cfg, system, run)
+        summary = ctl.train()
         cpu_busy = _busy_fraction(cpu0, _cpu_times())
         rstats = system.rollout.stats()
     finally:
         system.shutdown()
         run.close()
-    train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
-    timeline = read_jsonl(run.root / "timeline.jsonl")
-    wall = summary["wall_time_s"]
-    trajs = sum(r["n_trajectories"] for r in train)
-    tokens = sum(r["generated_tokens"] for r in train)
-    return {
-        "mode": mode,
-        "run_dir": str(run.root),
-        "setup_s": setup_s,
-        "wall_s": wall,
-        "steps": len(train),
-        "wall_per_step_s": wall / max(1, len(train)),
-        "trajectories_per_s": trajs / wall,
-        "tokens_per_s": tokens / wall,
-        "trainer_idle_frac": sum(r["wait_s"] for r in train) / wall,
-        "cpu_busy_frac": cpu_busy,
-        "rollout_idle_frac": rstats.get("rollout_idle_fraction", 0.0),
-        "phase_means_s": {p: statistics.fmean([r[k] for r in train]) for p, k in
-                          (("rollout_wait", "wait_s"), ("train", "train_s"), ("weight_sync", "weight_sync_s"))},
-        "success_vs_time": [[round(r["time"], 2), r["success_rate"]] for r in train],
-        "success_mean": statistics.fmean([r["success_rate"] for r in train]) if train else 0.0,
-        "staleness_hist": rstats.get("staleness_hist", {}),
-        "dropped_stale": rstats.get("dropped_stale", 0),
-        "timeline": timeline,
-    }
+    recs = ctl.history
+    return ModeResult(
+        mode=mode, run_dir=str(run.root), setup_s=setup_s, wall_s=summary.wall_time_s, steps=summary.steps,
+        trajectories=summary.trajectories, generated_tokens=sum(r.generated_tokens for r in recs),
+        step_times_s=[r.step_time_s for r in recs],
+        phase_times_s={"rollout_wait": [r.wait_s for r in recs], "train": [r.train_s for r in recs],
+                       "weight_sync": [r.weight_sync_s for r in recs]},
+        checkpoint_s_total=sum(r.checkpoint_s for r in recs), checkpoint_stall_s=summary.checkpoint_stall_s,
+        trainer_idle_frac=summary.trainer_idle_frac, rollout_idle_frac=rstats.rollout_idle_fraction,
+        cpu_busy_frac=cpu_busy, failed_episodes=summary.failed_episodes, dropped_stale=summary.dropped_stale,
+        staleness_hist={str(k): v for k, v in rstats.staleness_hist.items()},
+        success_vs_time=[[round(r.wall_time_s, 2), r.success_rate] for r in recs],
+        timeline=read_jsonl(run.root / "timeline.jsonl"),
+    )
+
+
+def run_mode_isolated(mode: str, knobs: dict[str, Any]) -> ModeResult:
+    """`run_mode` in a fresh Python process; its record comes back as JSON."""
+    with tempfile.TemporaryDirectory(prefix="awrl-e2e-") as tmp:
+        out = Path(tmp) / f"{mode}.json"
+        cmd = [sys.executable, "-m", "asyncwebrl.bench.e2e", "--one-mode", mode, str(out), json.dumps(knobs)]
+        proc = subprocess.run(cmd)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"the {mode} run of bench e2e failed (exit {proc.returncode}); its output is above")
+        return ModeResult(**json.loads(out.read_text()))
 
 
 def _cpu_times() -> tuple[int, int] | None:
@@ -116,14 +223,32 @@ def _busy_fraction(a: tuple[int, int] | None, b: tuple[int, int] | None) -> floa
     return (b[0] - a[0]) / (b[1] - a[1])
 
 
-def ideal_overlap(sync: dict[str, Any]) -> float:
-    """Speedup bound of perfect overlap from the sync run's own phases (see module docstring)."""
-    ph = sync["phase_means_s"]
-    r, t, s = ph["rollout_wait"], ph["train"], ph["weight_sync"]
+def ideal_overlap(sync: ModeResult) -> float:
+    """Speedup bound of perfect overlap from the sync run's own steady phases (see module docstring)."""
+    r, t, s = (sync.steady_phase_s(p) for p in PHASES)
     return (r + t + s) / max(1e-9, max(r, t) + s)
 
 
-def plot_timeline(results: list[dict[str, Any]], out: Path) -> None:
+@dataclass(kw_only=True)
+class E2EFigures:
+    whole_run_speedup: float
+    steady_state_speedup: float
+    ideal_overlap_bound: float
+    share_of_ideal: float
+    tokens_per_s_ratio: float
+    checkpoint_stall_s: float
+
+    @classmethod
+    def of(cls, sync: ModeResult, asy: ModeResult) -> E2EFigures:
+        steady = sync.steady_step_s / max(1e-9, asy.steady_step_s)
+        bound = ideal_overlap(sync)
+        return cls(whole_run_speedup=asy.trajectories_per_s / max(1e-9, sync.trajectories_per_s),
+                   steady_state_speedup=steady, ideal_overlap_bound=bound, share_of_ideal=steady / bound,
+                   tokens_per_s_ratio=asy.tokens_per_s / max(1e-9, sync.tokens_per_s),
+                   checkpoint_stall_s=max(sync.checkpoint_stall_s, asy.checkpoint_stall_s))
+
+
+def plot_timeline(results: list[ModeResult], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,10 +259,10 @@ def plot_timeline(results: list[dict[str, Any]], out: Path) -> None:
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.6 * len(results) + 0.8), sharex=True)
     axes = axes if len(results) > 1 else [axes]
     for ax, res in zip(axes, results, strict=False):
-        for rec in res["timeline"]:
+        for rec in res.timeline:
             ax.barh(0, rec["end"] - rec["start"], left=rec["start"], color=colors.get(rec["phase"], "#ccc"),
                     edgecolor="white", height=0.6)
-        ax.set_yticks([0], [res["mode"]])
+        ax.set_yticks([0], [res.mode])
     axes[-1].set_xlabel("seconds since run start")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     fig.legend(handles, list(colors), loc="upper center", ncol=len(colors), fontsize=8)
@@ -148,24 +273,24 @@ def plot_timeline(results: list[dict[str, Any]], out: Path) -> None:
 
 def main(overrides: list[str] | None = None) -> int:
     knobs = parse_overrides(overrides, DEFAULTS)
-    sync = run_mode("sync", knobs)
+    if int(knobs["steps"]) < 2:
+        raise SystemExit("bench e2e needs steps >= 2 (the steady state excludes the first step); SPEC asks >= 12")
+    sync = run_mode_isolated("sync", knobs)
     # a partial record first: a long GPU run cut short still leaves the sync half behind
     write_result(knobs["out"], knobs, {"partial": "sync mode only; the async run did not finish",
-                                       "modes": {"sync": {k: v for k, v in sync.items() if k != "timeline"}}})
-    asy = run_mode("async", knobs)
+                                       "modes": {"sync": sync.figures()}})
+    asy = run_mode_isolated("async", knobs)
     results = [sync, asy]
-    speedup = asy["trajectories_per_s"] / max(1e-9, sync["trajectories_per_s"])
-    figures = {
-        "speedup": speedup,
-        "step_time_ratio_sync_over_async": sync["wall_per_step_s"] / max(1e-9, asy["wall_per_step_s"]),
-        "tokens_per_s_ratio": asy["tokens_per_s"] / max(1e-9, sync["tokens_per_s"]),
-        "ideal_overlap_bound": ideal_overlap(sync),
+    e2e = E2EFigures.of(sync, asy)
+    figures: dict[str, Any] = {
+        **dataclasses.asdict(e2e),
+        "speedup": e2e.whole_run_speedup,
         "anchors": {"asyncwebrl_paper_over_webgym": 2.9, "areal_async_over_sync": 2.77},
         "shared_core_note": (
             "on one machine rollout and training share the same cores: overlap removes idle waiting "
             "(browser latency, the long tail, per-round warm-up) but cannot add compute"
             if int(knobs["gpus"]) == 0 else "rollout and trainer on separate GPUs"),
-        "modes": {r["mode"]: {k: v for k, v in r.items() if k != "timeline"} for r in results},
+        "modes": {r.mode: r.figures() for r in results},
     }
     name = knobs["out"]
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -175,12 +300,27 @@ def main(overrides: list[str] | None = None) -> int:
         figures["timeline_plot"] = plot.name
     except Exception as e:  # the numbers matter more than the picture
         figures["timeline_plot_error"] = repr(e)
-    (RESULTS_DIR / f"{name}_timeline.json").write_text(json.dumps({r["mode"]: r["timeline"] for r in results}))
+    (RESULTS_DIR / f"{name}_timeline.json").write_text(json.dumps({r.mode: r.timeline for r in results}))
     write_result(name, knobs, figures)
-    rows = [{"mode": r["mode"], "s/step": r["wall_per_step_s"], "traj/s": r["trajectories_per_s"],
-             "tok/s": r["tokens_per_s"], "trainer_idle": r["trainer_idle_frac"],
-             "rollout_idle": r["rollout_idle_frac"], "cpu_busy": r["cpu_busy_frac"], "success": r["success_mean"],
-             "dropped_stale": r["dropped_stale"]} for r in results]
-    print_table(rows, f"e2e speedup (async/sync trajectories/s): {speedup:.2f}x  "
-                      f"(ideal overlap bound {figures['ideal_overlap_bound']:.2f}x)")
+    rows = [{"mode": r.mode, "steady s/step": r.steady_step_s, "traj/s": r.trajectories_per_s,
+             "tok/s": r.tokens_per_s, "rollout": r.steady_phase_s("rollout_wait"), "train": r.steady_phase_s("train"),
+             "sync": r.steady_phase_s("weight_sync"), "trainer_idle": r.trainer_idle_frac,
+             "rollout_idle": r.rollout_idle_frac, "cpu_busy": r.cpu_busy_frac, "failed": r.failed_episodes}
+            for r in results]
+    print_table(rows, f"e2e async/sync: steady state {e2e.steady_state_speedup:.2f}x, whole run "
+                      f"{e2e.whole_run_speedup:.2f}x (ideal overlap bound {e2e.ideal_overlap_bound:.2f}x, "
+                      f"share of ideal {e2e.share_of_ideal:.2f})")
     return 0
+
+
+def _one_mode_main(argv: list[str]) -> int:
+    mode, out, knobs = argv[0], Path(argv[1]), json.loads(argv[2])
+    res = run_mode(mode, knobs)
+    out.write_text(json.dumps(dataclasses.asdict(res), default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--one-mode":
+        sys.exit(_one_mode_main(sys.argv[2:]))
+    sys.exit(main(sys.argv[1:]))

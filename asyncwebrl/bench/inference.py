@@ -1,4 +1,5 @@
-"""`asyncwebrl bench inference`: generated tokens/s of the embedded hf server at concurrency 1/8/32.
+"""`asyncwebrl bench inference`: generated tokens/s of the embedded hf server at concurrency 1/8/32
+(and 64 on a GPU).
 
 One run, side by side: the same server subprocess (real HTTP, continuous batching) is driven by the
 rollout client with 1, 8 and 32 requests in flight; every request is a MiniWoB-like prompt (one
@@ -9,6 +10,12 @@ Headline: speedup of concurrency 8 and 32 over one-at-a-time.
 Knobs: model=default|PATH|random:qwen2.5-vl-3b (random-init weights of that shape, for a GPU),
 device=cpu|cuda, dtype, max_new_tokens, requests (per level; at least the concurrency),
 name (result file stem: the GPU run writes name=inference_gpu).
+
+On a GPU the bench also reports the bandwidth bound of decoding: every decode step reads the text
+decoder's weights once (vision tower excluded, tied embeddings counted once), so
+steps/s <= HBM bandwidth / weight bytes, and tokens/s at concurrency c <= c x that. The bandwidth is
+named: the H200 datasheet's 4.8 TB/s, and the device-to-device copy bandwidth measured in this run.
+`share_of_bound_cN` = tokens_per_s_cN / (N x bound steps/s at the datasheet bandwidth).
 """
 
 from __future__ import annotations
@@ -19,16 +26,80 @@ import os
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+
+DATASHEET_HBM_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+
+
+@dataclass
+class BandwidthBound:
+    """The decode roofline of one model on one device (see module docstring)."""
+
+    weight_bytes: int
+    """bytes of the text decoder's weights (what one decode step reads)"""
+    datasheet_bytes_per_s: float
+    """the device's HBM bandwidth by its datasheet"""
+    measured_copy_bytes_per_s: float
+    """device-to-device copy bandwidth measured here (bytes read + written per second)"""
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.datasheet_bytes_per_s / self.weight_bytes
+
+    @property
+    def steps_per_s_measured(self) -> float:
+        return self.measured_copy_bytes_per_s / self.weight_bytes
+
+
+def decoder_weight_bytes(model_dir: str) -> int:
+    """Bytes of the saved weights outside the vision tower (safetensors headers only, no loading)."""
+    import glob
+
+    from safetensors import safe_open
+
+    total = 0
+    for f in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(f, "pt") as sf:
+            for k in sf.keys():
+                if ".visual." in f".{k}" or k.startswith("visual"):
+                    continue
+                sl = sf.get_slice(k)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                total += n * {"BF16": 2, "F16": 2, "F32": 4}.get(sl.get_dtype(), 4)
+    return total
+
+
+def measure_copy_bandwidth(gib: float = 2.0, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth of GPU 0 (bytes read + written per second, median of reps)."""
+    import torch
+
+    n = int(gib * 2**30)
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1000)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / sorted(times)[len(times) // 2]
 
 DEFAULTS: dict[str, Any] = {
     "model": "default",
     "device": "cpu",
     "dtype": "float32",
     "max_new_tokens": 24,
-    "concurrency": [1, 8, 32],
+    "concurrency": None,  # [1, 8, 32] on a CPU, [1, 8, 32, 64] on a GPU
     "requests": 32,
     "temperature": 1.0,
     "startup_timeout_s": 900,
@@ -145,13 +216,23 @@ def main(overrides: list[str]) -> int:
     if str(model).startswith("random:"):
         tmp = tempfile.mkdtemp(prefix="asyncwebrl-randmodel-")
         model = make_random_model(model.split(":", 1)[1], tmp, cfg["dtype"])
-    levels = [int(c) for c in cfg["concurrency"]]
+    on_gpu = str(cfg["device"]).startswith("cuda")
+    levels = [int(c) for c in (cfg["concurrency"] or ([1, 8, 32, 64] if on_gpu else [1, 8, 32]))]
+    bound = None
+    if on_gpu:
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+        bound = BandwidthBound(weight_bytes=decoder_weight_bytes(model),
+                               datasheet_bytes_per_s=DATASHEET_HBM_BYTES_PER_S.get(name, 4.8e12),
+                               measured_copy_bytes_per_s=measure_copy_bandwidth())
     load_before = os.getloadavg()[0]
     prompts, images = build_prompts(model, 16)
     log_path = os.path.join(tempfile.gettempdir(), f"asyncwebrl-bench-inference-{os.getpid()}.log")
     srv = launch_server(wait=False, model=model, device=cfg["device"], dtype=cfg["dtype"],
                                   max_batch_size=max(levels), log_path=log_path)
     rows = []
+    info: dict[str, Any] = {}
     try:
         wait_healthy(srv.address, cfg["startup_timeout_s"], proc=srv)
         sampling = {"max_new_tokens": cfg["max_new_tokens"], "temperature": cfg["temperature"], "ignore_eos": True}
@@ -163,6 +244,12 @@ def main(overrides: list[str]) -> int:
                 for c in levels:
                     rows.append(await run_level(client, c, max(int(cfg["requests"]), c), prompts, images, sampling))
             finally:
+                import aiohttp
+
+                auth = {"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else {}
+                async with aiohttp.ClientSession(headers=auth) as http, \
+                        http.get(f"{srv.address}/get_server_info") as resp:
+                    info.update(await resp.json())
                 await client.aclose()
 
         asyncio.run(drive())
@@ -180,7 +267,20 @@ def main(overrides: list[str]) -> int:
         if base and c != 1:
             figures[f"speedup_c{c}_over_c1"] = round(by_c[c]["tokens_per_s"] / base["tokens_per_s"], 2)
     figures["prompt_tokens"] = len(prompts[0])
-    config = {**cfg, "model": cfg["model"], "server": "hf (subprocess, HTTP)", "image": "160x210 PNG",
+    stats = info.get("stats", {})
+    figures["engine"] = info.get("engine", "?")
+    figures["engine_stats"] = {k: stats.get(k) for k in ("graphs", "compiled", "capture_s", "prefill_batches",
+                                                          "prefills", "steps", "prefill_s", "decode_s",
+                                                          "batched_vision_attention") if k in stats}
+    if bound is not None:
+        figures["decoder_weight_gb"] = round(bound.weight_bytes / 1e9, 3)
+        figures["hbm_bandwidth_datasheet_tb_s"] = bound.datasheet_bytes_per_s / 1e12
+        figures["hbm_copy_bandwidth_measured_tb_s"] = round(bound.measured_copy_bytes_per_s / 1e12, 3)
+        figures["bound_steps_per_s"] = round(bound.steps_per_s, 1)
+        figures["bound_steps_per_s_measured_bw"] = round(bound.steps_per_s_measured, 1)
+        for c, r in by_c.items():
+            figures[f"share_of_bound_c{c}"] = round(r["tokens_per_s"] / (c * bound.steps_per_s), 3)
+    config = {**cfg, "concurrency": levels, "model": cfg["model"], "server": "hf (subprocess, HTTP)", "image": "160x210 PNG",
               "note": "tokens/s of generated tokens; CPU runs share cores between server and client",
               "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     write_result(cfg["name"], config, figures)

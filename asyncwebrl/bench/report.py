@@ -20,13 +20,18 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("train-default", [("success_first", "train success, first window"), ("success_last", "train success, last window"),
                        ("success_gain", "success gain"), ("eval_first", "eval success, first checkpoint"),
                        ("eval_last", "eval success, last checkpoint"), ("run_time_s", "run time (s)")], "make train"),
-    ("e2e", [("speedup", "async/sync trajectories/s"), ("ideal_overlap_bound", "ideal-overlap bound"),
-             ("step_time_ratio_sync_over_async", "sync/async time per step"),
+    ("e2e", [("steady_state_speedup", "async/sync, steady state (median step)"),
+             ("whole_run_speedup", "async/sync trajectories/s, whole run"),
+             ("ideal_overlap_bound", "ideal-overlap bound"), ("share_of_ideal", "steady state / bound"),
+             ("modes.sync.steps", "steps per mode"),
              ("modes.sync.cpu_busy_frac", "sync: share of CPU busy"),
              ("modes.async.cpu_busy_frac", "async: share of CPU busy")], "asyncwebrl bench e2e"),
-    ("e2e-gpu", [("speedup", "async/sync trajectories/s"), ("ideal_overlap_bound", "ideal-overlap bound"),
-                 ("partial", "status"), ("modes.sync.wall_per_step_s", "sync: s per step"),
-                 ("modes.sync.phase_means_s", "sync: mean phase times (s)")],
+    ("e2e-gpu", [("steady_state_speedup", "async/sync, steady state (median step)"),
+                 ("whole_run_speedup", "async/sync trajectories/s, whole run"),
+                 ("ideal_overlap_bound", "ideal-overlap bound"), ("share_of_ideal", "steady state / bound"),
+                 ("checkpoint_stall_s", "longest checkpoint stall (s)"),
+                 ("partial", "status"), ("modes.sync.steps", "steps per mode"),
+                 ("modes.sync.phase_medians_s", "sync: median phase times (s)")],
      "bash bench/gpu_e2e.sh OUTDIR (2 GPUs)"),
     ("pool", [("speedup", "async/sync trajectories/s"), ("async_fraction_of_ideal", "async share of ideal overlap"),
               ("policy", "policy")], "asyncwebrl bench pool"),
@@ -42,9 +47,11 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
                 ("object_store_bytes_ratio_vanilla_over_store", "vanilla/store bytes"),
                 ("fp32_over_store_bytes_qwen3vl_fullres_page", "fp32 pixel_values / stored PNG")],
      "asyncwebrl bench pixels"),
-    ("weightsync", [("ratio_over_floor", "refresh / flat-buffer floor (largest)"), ("largest", "largest model")],
+    ("weightsync", [("ratio_over_floor", "refresh / flat-buffer broadcast floor (largest)"),
+                    ("floor_GBps", "floor GB/s (largest)"), ("largest", "largest model")],
      "asyncwebrl bench weightsync"),
-    ("weightsync_gpu", [("ratio_over_floor", "refresh / flat-buffer floor (largest)"), ("largest", "largest model")],
+    ("weightsync_gpu", [("ratio_over_floor", "refresh / flat-buffer broadcast floor (largest)"),
+                        ("floor_GBps", "floor GB/s (largest)"), ("largest", "largest model")],
      "asyncwebrl bench weightsync device=cuda backend=nccl sizes=1.5B,8B bucket_mb=1024,512,2048 disk=1 "
      "out=weightsync_gpu (2 GPUs)"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
@@ -81,7 +88,7 @@ def _lookup(figs: dict[str, Any], dotted: str) -> Any:
 
 def render(results_dir: Path = RESULTS_DIR) -> str:
     lines = [BEGIN, "", "| benchmark | figure | value | machine | date | reproduce |", "|---|---|---|---|---|---|"]
-    missing = []
+    missing, absent = [], []
     for name, keys, cmd in ROWS:
         path = results_dir / f"{name}.json"
         if not path.exists():
@@ -91,11 +98,15 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         figs = doc.get("figures", {})
         for key, label in keys:
             value = _lookup(figs, key)
-            if value is not None:
+            if value is None:
+                absent.append(f"{name}: {label} ({key})")
+            else:
                 lines.append(f"| {name} | {label} | {_fmt(value)} | {_machine(doc.get('machine', {}))} | "
                              f"{str(doc.get('date', ''))[:10]} | `{cmd}` |")
     if missing:
         lines += ["", "Not measured yet: " + ", ".join(missing) + "."]
+    if absent:
+        lines += ["", "Figures absent from their results file (not measured in that run): " + "; ".join(absent) + "."]
     lines += ["", END]
     return "\n".join(lines)
 

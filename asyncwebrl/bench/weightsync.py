@@ -5,7 +5,7 @@ For each model size (random-init llama-shaped parameters with HF names), in ONE 
                      loop runs (pause servers -> begin session -> flat-bucket broadcast -> end session
                      + version -> continue), timed on the trainer until every server confirmed and
                      resumed; to real embedded inference servers (`asyncwebrl serve`, one subprocess
-                     per server, loaded with a model of the size), or to `servers=URL,...`;
+                     per server, loaded with a model of the size), or to `servers=URL,...` (key from $ASYNCWEBRL_API_KEY);
   floor            = ONE flat contiguous buffer of the same byte count, broadcast between two
                      barriers over a group of the same shape (trainer + one receiver process per
                      server, each on the server's device), no HTTP: what the link can do;
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from asyncwebrl.bench.common import print_table, write_result
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.weights.bracket import RefreshBracket
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, join_group
@@ -77,7 +78,7 @@ def _floor_child(conn: Any, port: int, rank: int, world: int, backend: str, gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(threads)
     dev = "cuda:0" if gpu is not None else "cpu"
-    g = join_group("127.0.0.1", port, rank, world, "awrl_floor", backend, dev, 300.0)
+    g = join_group(LOOPBACK, port, rank, world, "awrl_floor", backend, dev, 300.0)
     try:
         while True:
             cmd, arg = conn.recv()
@@ -132,7 +133,7 @@ class FloorGroup:
                 p.start()
                 self.conns.append(a)
                 self.procs.append(p)
-            self.g = join_group("127.0.0.1", port, 0, n + 1, "awrl_floor", backend, trainer_dev, 300.0)
+            self.g = join_group(LOOPBACK, port, 0, n + 1, "awrl_floor", backend, trainer_dev, 300.0)
         except BaseException:
             self.stop()
             raise
@@ -205,8 +206,10 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
 
 
 def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: str, bucket_mbs: list[float],
-             repeats: int, timeout_s: float, external: list[str], pause_mode: str, disk: bool) -> dict[str, Any]:
+             repeats: int, timeout_s: float, external: list[str], pause_mode: str, disk: bool,
+             api_key: str | None = None) -> dict[str, Any]:
     """Floor, per-tensor floor and the production refresh side by side, alternated, one run."""
+    from asyncwebrl.httpguard import new_key
     from asyncwebrl.inference.engine import params_checksum
     from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
@@ -214,19 +217,21 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
     gpus = [str(1 + i) for i in range(n)] if device == "cuda" else None
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     servers, floor, sender, control = [], None, None, None
+    key = api_key or (None if external else new_key())  # control endpoints need the servers' key
     try:
         if not external:
             for i in range(n):
                 servers.append(launch_server(wait=False, model=model_dir, device=f"cuda:{gpus[i]}" if gpus else "cpu",
-                                             dtype=dtype, weight_sync_timeout_s=timeout_s))
+                                             dtype=dtype, weight_sync_timeout_s=timeout_s, api_key=key,
+                                             weights_roots=[model_dir]))
         floor = FloorGroup(n, backend, trainer_dev, gpus)
         for srv in servers:
-            wait_healthy(srv.address, timeout_s, proc=srv)
+            wait_healthy(srv.address, timeout_s, proc=srv, api_key=key)
         urls = external or [srv.address for srv in servers]
-        sender = WeightSender(urls, None, device=trainer_dev, backend=backend, bucket_mb=bucket_mbs[0],
+        sender = WeightSender(urls, key, device=trainer_dev, backend=backend, bucket_mb=bucket_mbs[0],
                               timeout_s=timeout_s)
         sender.init_group()
-        control = ControlChannel(urls, None, timeout_s)
+        control = ControlChannel(urls, key, timeout_s)
         bracket = RefreshBracket(None, control, pause_mode)  # the bench has no rollout gate to pause
         meta = [(k, t.dtype, tuple(t.shape)) for k, t in named]
         flat = torch.empty(nbytes, dtype=torch.uint8, device=trainer_dev)
@@ -337,7 +342,8 @@ def run(knobs: dict[str, Any], on_size=None) -> dict[str, Any]:
                 named = [(k, t.to("cuda:0")) for k, t in named]
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             m = _measure(named, model_dir, n, device, backend, knobs["dtype"], bucket_mbs, repeats, timeout_s,
-                         external, str(knobs["pause_mode"]), bool(int(knobs["disk"])))
+                         external, str(knobs["pause_mode"]), bool(int(knobs["disk"])),
+                         os.environ.get("ASYNCWEBRL_API_KEY") if external else None)
         refresh, floor = m["refresh_s"], m["floor_s"]
         per_size[size] = {
             "params": sum(t.numel() for _, t in named), "bytes": nbytes, "refresh_s": refresh, "floor_s": floor,
@@ -351,7 +357,8 @@ def run(knobs: dict[str, Any], on_size=None) -> dict[str, Any]:
         del named
         largest = size
         res = {"rows": rows, "per_size": per_size, "largest": largest,
-               "ratio_over_floor": per_size[largest]["ratio_over_floor"], "complete": size == sizes[-1]}
+               "ratio_over_floor": per_size[largest]["ratio_over_floor"],
+               "floor_GBps": per_size[largest]["floor_GBps"], "complete": size == sizes[-1]}
         if on_size is not None:
             on_size(res)
     return res
@@ -369,7 +376,8 @@ def main(overrides: list[str]) -> int:
 
     def record(res: dict[str, Any]) -> None:
         write_result(knobs["out"], config, {"ratio_over_floor": res["ratio_over_floor"], "largest": res["largest"],
-                                            "complete": res["complete"], "per_size": res["per_size"]})
+                                            "floor_GBps": res["floor_GBps"], "complete": res["complete"],
+                                            "per_size": res["per_size"]})
 
     res = run(knobs, record)
     print_table(res["rows"], f"ratio_over_floor ({res['largest']}, {knobs['backend']}, "

@@ -1,12 +1,15 @@
 """The controller: the PPO trainer loop that drives every other component (SPEC section 2).
 
-Per step: prepare_batch (rollout keeps generating meanwhile) -> PPO update on the actor (pi_prox
-recompute, advantages, decoupled loss) -> pause rollout -> weight update (xccl broadcast or disk)
--> version += 1 -> resume -> checkpoint every N steps (or when test rollout asks) -> metrics.
+Per step: prepare_batch (rollout keeps generating meanwhile) -> the task curriculum observes the
+consumed groups and pushes new sampling weights down to the rollout workers (adaptive sampling) ->
+PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> the refresh bracket of
+`asyncwebrl.weights.bracket` (pause rollout and servers, xccl broadcast or disk, version += 1,
+continue) -> checkpoint every N steps (or when test rollout asks; the loop blocks only for its
+snapshot, the write runs behind it) -> metrics.
 
 Invariants: the version the rollout side tags tokens with is set only after the servers hold the
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
-sampler position and staleness seed beside the weights), and `recover=auto` resumes from the newest
+sampler position, staleness seed and curriculum tracker beside the weights), and `recover=auto` resumes from the newest
 complete one with the version numbering continued.
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncwebrl.config import RunConfig, save_resolved
+from asyncwebrl.controller.records import EvalPoint, RunSummary, StepRecord, as_figures
 from asyncwebrl.controller.rundir import RunDir
 from asyncwebrl.controller.supervisor import Supervisor
 
@@ -47,13 +51,19 @@ class LoopState:
     tokens: int = 0
     successes: list[float] = field(default_factory=list)
     """per-step training success rate"""
-    lost: int = 0
+    checkpoint_stall_s: float = 0.0
+    """the longest time one checkpoint blocked the loop (its snapshot, and waiting for the previous
+    background write, if one was still in flight)"""
     seen_ids: set[str] = field(default_factory=set)
     duplicates: int = 0
-    checkpoint_stall_s: float = 0.0
-    """the longest time one checkpoint blocked the loop (snapshot + waiting for the previous write)"""
-    checkpoint_flush_s: float = 0.0
-    """waiting for the last background write after the loop ended"""
+
+
+def make_curriculum(cfg: RunConfig):
+    """The run's task curriculum over the training tasks (uniform mode: tracking only)."""
+    from asyncwebrl.rollout.curriculum import TaskCurriculum
+    from asyncwebrl.web.tasks import make_task_sampler
+
+    return TaskCurriculum(make_task_sampler(cfg.env).task_ids, cfg.env.task_sampling)
 
 
 def batch_figures(groups) -> dict[str, Any]:
@@ -89,6 +99,11 @@ class Controller:
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
         self._control = None
         self._control_for: list[str] = []
+        self.curriculum = make_curriculum(cfg)
+        self.zero_adv_groups = 0
+        """consumed groups whose advantages were all zero (wasted rollout), whole run"""
+        self.history: list[StepRecord] = []
+        """every step's record, in order (benchmarks read them by attribute)"""
         self.step_hooks: list[Any] = []
         """callables hook(controller) run at the start of every step (fault injection, probes)"""
 
@@ -98,7 +113,9 @@ class Controller:
         the servers serve its weights before any rollout is tagged with its version."""
         if ckpt is None:
             return
-        self.sys.trainer.load_checkpoint(str(ckpt))  # returns the extra state; step/version are on disk
+        extra = self.sys.trainer.load_checkpoint(str(ckpt)) or {}  # step/version are on disk
+        if extra.get("curriculum"):
+            self.curriculum.load_state_dict(extra["curriculum"])
         meta = json.loads((ckpt / "trainer_state.json").read_text())
         self.state.version = int(meta["version"])
         self.state.step = int(meta["step"])
@@ -116,26 +133,34 @@ class Controller:
         if self._control is None or self._control_for != live:
             if self._control is not None:
                 self._control.close()
-            self._control = ControlChannel(live, self.cfg.inference.api_key, self.cfg.actor.weight_update_timeout_s) \
+            self._control = ControlChannel(live, self.sys.api_key, self.cfg.actor.weight_update_timeout_s) \
                 if live else None
             self._control_for = live
         return RefreshBracket(self.sys.rollout, self._control, self.cfg.actor.weight_pause_mode)
 
     def _push_weights(self, new_version: int):
-        """The one refresh bracket: pause rollout and servers, move the weights, set the version, continue."""
+        """The one refresh bracket (`asyncwebrl.weights.bracket`): pause rollout and servers, move the
+        weights, set the version, continue. Returns its `RefreshReport`."""
+        bracket = self._bracket()
         if self.cfg.actor.weight_update_mode == "xccl":
-            transfer = lambda: self.sys.trainer.broadcast_weights(new_version)  # noqa: E731
+            def transfer():
+                return self.sys.trainer.broadcast_weights(new_version)
         else:
             def transfer():
                 path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
                                                         self.cfg.checkpoint.keep_last)
-                self._control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
-                                       timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
-        report, _ = self._bracket().refresh(new_version, transfer)
+                bracket.control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
+                                         timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
+        report, _ = bracket.refresh(new_version, transfer)
         return report
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version}
+        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version,
+                "curriculum": self.curriculum.state_dict()}
+
+    def _push_task_weights(self) -> None:
+        if self.curriculum.adaptive:
+            self.sys.rollout.set_task_weights(self.curriculum.weights())
 
     def _keep_episodes(self, groups) -> None:
         store = self.sys.pixel_store
@@ -160,7 +185,7 @@ class Controller:
                     self.state.duplicates += 1
                 self.state.seen_ids.add(t.traj_id)
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> StepRecord:
         cfg, st, run = self.cfg, self.state, self.run
         B = cfg.rollout.consumer_batch_size
         for hook in self.step_hooks:
@@ -171,6 +196,11 @@ class Controller:
         run.log_phase(st.step, "rollout_wait", t0, t1)
         self._track_ids(groups)
         figs = batch_figures(groups)
+        zero_adv = self.curriculum.observe(groups)  # the consumed groups flow back into task sampling
+        self.zero_adv_groups += zero_adv
+        self._push_task_weights()
+        cur = self.curriculum.record()
+        run.log_metrics("curriculum", st.step + 1, cur.flat())
         hist = staleness_hist(groups, st.version)
         self._keep_episodes(groups)
         metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store)
@@ -195,49 +225,57 @@ class Controller:
             t4 = run.now()
             run.log_phase(st.step - 1, "checkpoint", t3, t4)
             ckpt_s = t4 - t3
-            st.checkpoint_stall_s = max(st.checkpoint_stall_s, ckpt_s)
         st.waited_s += t1 - t0
         st.trained_s += t2 - t1
         st.synced_s += t3 - t2
+        st.checkpoint_stall_s = max(st.checkpoint_stall_s, ckpt_s)
         st.trajectories += figs["n_trajectories"]
         st.tokens += figs["generated_tokens"]
         st.successes.append(figs["success_rate"])
         elapsed = max(1e-9, time.monotonic() - st.t_start)
         rstats = self.sys.rollout.stats()
-        out = {
+        rec = StepRecord(
+            step=st.step,
+            version=st.version,
             **figs,
-            **{k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str, dict, list))},
-            "version": st.version,
-            "staleness_hist": hist,
-            "dropped_stale": rstats.get("dropped_stale", 0),
-            "rollout_idle_frac": rstats.get("rollout_idle_frac", rstats.get("idle_fraction", 0.0)),
-            "trainer_idle_frac": st.waited_s / elapsed,
-            "trajectories_per_s": st.trajectories / elapsed,
-            "tokens_per_s": st.tokens / elapsed,
-            "step_time_s": t3 - t0 + ckpt_s,
-            "wait_s": t1 - t0,
-            "train_s": t2 - t1,
-            "weight_sync_s": t3 - t2,
-            "checkpoint_s": ckpt_s,
-            "checkpoint_stall_s": ckpt_s,
-            "duplicates": st.duplicates,
-            "wall_time_s": elapsed,
-            "servers_restarted": sum(e.action == "restarted" for e in self.supervisor.events),
-            "servers_dropped": len(self.supervisor.dropped),
-            "server_recovery_s": max((e.recovery_s for e in server_events), default=0.0),
-        }
-        out.update(sync_info.metrics())
-        run.log_metrics("train", st.step, out)
-        return out
+            staleness_hist=hist,
+            n_groups=len(groups),
+            zero_adv_groups=zero_adv,
+            zero_adv_frac=zero_adv / max(1, len(groups)),
+            tasks_in_zone=cur.in_zone,
+            dropped_stale=rstats.dropped_stale,
+            failed_episodes=rstats.failed_episodes,
+            failed_rollouts=rstats.failed_rollouts,
+            rollout_idle_frac=rstats.rollout_idle_fraction,
+            trainer_idle_frac=st.waited_s / elapsed,
+            trajectories_per_s=st.trajectories / elapsed,
+            tokens_per_s=st.tokens / elapsed,
+            step_time_s=t3 - t0,
+            wait_s=t1 - t0,
+            train_s=t2 - t1,
+            weight_sync_s=t3 - t2,
+            checkpoint_s=ckpt_s,
+            wall_time_s=elapsed,
+            duplicates=st.duplicates,
+            servers_restarted=sum(e.action == "restarted" for e in self.supervisor.events),
+            servers_dropped=len(self.supervisor.dropped),
+            server_recovery_s=max((e.recovery_s for e in server_events), default=0.0),
+            trainer=as_figures(metrics),
+            sync=as_figures(sync_info),
+        )
+        run.log_metrics("train", st.step, rec.as_log())
+        self.history.append(rec)
+        return rec
 
-    def train(self, resume_from: Path | None = None) -> dict[str, Any]:
+    def train(self, resume_from: Path | None = None) -> RunSummary:
         cfg = self.cfg
         self.maybe_resume(resume_from)
         if self.sys.test_rollout is not None and resume_from is None:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
             self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
-                                             background=True)
+                                                 background=True)
         self.sys.start_rollout()
+        self._push_task_weights()  # after start: a Ray worker answers calls once it is constructed
         bar = None
         if cfg.stats.progress_bar:
             from tqdm import tqdm
@@ -248,48 +286,53 @@ class Controller:
                 m = self.step()
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(v=m["version"], succ=f"{m['success_rate']:.2f}", r=f"{m['reward_mean']:.2f}",
-                                    idle=f"{m['trainer_idle_frac']:.2f}", sync=f"{m['weight_sync_s']:.2f}s")
+                    bar.set_postfix(v=m.version, succ=f"{m.success_rate:.2f}", r=f"{m.reward_mean:.2f}",
+                                    idle=f"{m.trainer_idle_frac:.2f}", sync=f"{m.weight_sync_s:.2f}s")
                 else:
-                    log.info("step %d v%d success %.2f reward %.2f", self.state.step, m["version"],
-                             m["success_rate"], m["reward_mean"])
+                    log.info("step %d v%d success %.2f reward %.2f", m.step, m.version, m.success_rate, m.reward_mean)
         finally:
             if bar is not None:
                 bar.close()
             if self._control is not None:
                 self._control.close()
                 self._control = None
-            t0 = time.monotonic()
-            self.sys.trainer.flush_checkpoints()  # the last write is published before the run ends
-            self.state.checkpoint_flush_s = time.monotonic() - t0
+        self.sys.trainer.flush_checkpoints()  # the last background write is published before the run ends
         return self.summary()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         s = self.state.successes
         w = max(1, min(5, len(s) // 3 or 1))
         first = sum(s[:w]) / w if s else 0.0
         last = sum(s[-w:]) / w if s else 0.0
         rstats = self.sys.rollout.stats()
-        return {
-            "steps": self.state.step,
-            "version": self.state.version,
-            "wall_time_s": time.monotonic() - self.state.t_start,
-            "window": w,
-            "success_first": first,
-            "success_last": last,
-            "success_gain": last - first,
-            "trajectories": self.state.trajectories,
-            "duplicates": self.state.duplicates,
-            "dropped_stale": rstats.get("dropped_stale", 0),
-            "failed_episodes": rstats.get("failed", rstats.get("failed_episodes", 0)),
-            "trainer_idle_frac": self.state.waited_s / max(1e-9, time.monotonic() - self.state.t_start),
-            "checkpoint_stall_s": self.state.checkpoint_stall_s,
-            "checkpoint_flush_s": self.state.checkpoint_flush_s,
-        }
+        elapsed = time.monotonic() - self.state.t_start
+        return RunSummary(
+            steps=self.state.step,
+            version=self.state.version,
+            wall_time_s=elapsed,
+            window=w,
+            success_first=first,
+            success_last=last,
+            success_gain=last - first,
+            trajectories=self.state.trajectories,
+            duplicates=self.state.duplicates,
+            dropped_stale=rstats.dropped_stale,
+            failed_episodes=rstats.failed_episodes,
+            failed_rollouts=rstats.failed_rollouts,
+            lost_rollouts=rstats.lost_rollouts,
+            trainer_idle_frac=self.state.waited_s / max(1e-9, elapsed),
+            checkpoint_stall_s=self.state.checkpoint_stall_s,
+            task_sampling=self.curriculum.cfg.mode,
+            zero_adv_groups=self.zero_adv_groups,
+            task_success_ema=self.curriculum.record().success,
+            task_share=self.curriculum.record().share,
+        )
 
 
-def run_training(cfg: RunConfig) -> dict[str, Any]:
-    """`asyncwebrl train`: build the system, run the loop, write the summary, tear everything down."""
+def run_training(cfg: RunConfig, record: str | None = None) -> RunSummary:
+    """`asyncwebrl train`: build the system, run the loop, write the summary into the run directory,
+    tear everything down. With `record` (`train --record NAME`) the summary is also written to
+    bench/results/NAME.json, the one way a training run reaches the committed results."""
     from asyncwebrl.controller.system import build_system
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -305,25 +348,29 @@ def run_training(cfg: RunConfig) -> dict[str, Any]:
     try:
         ctl = Controller(cfg, system, run)
         summary = ctl.train(resume_from)
-        summary["setup_s"] = setup_s
+        summary.setup_s = setup_s
         if system.test_rollout is not None:
             system.test_rollout.evaluate_latest_blocking(timeout_s=600)
-            evals = sorted(_eval_records(run.root), key=lambda r: r["version"])
-            summary["eval"] = evals
-            if evals:
-                summary["eval_first"] = evals[0]["success_rate"]
-                summary["eval_last"] = evals[-1]["success_rate"]
-                summary["eval_gain"] = summary["eval_last"] - summary["eval_first"]
-        run.write_summary(summary)
-        run.log_metrics("summary", ctl.state.step, {k: v for k, v in summary.items() if not isinstance(v, list)})
+            summary.eval = sorted(_eval_records(run.root), key=lambda r: r.version)
+            if summary.eval:
+                summary.eval_first = summary.eval[0].success_rate
+                summary.eval_last = summary.eval[-1].success_rate
+                summary.eval_gain = summary.eval_last - summary.eval_first
+            held = [r for r in summary.eval if r.heldout_success_rate is not None]
+            if held:
+                summary.heldout_eval_first = held[0].heldout_success_rate
+                summary.heldout_eval_last = held[-1].heldout_success_rate
+        run.write_summary(summary.as_dict())
+        run.log_metrics("summary", ctl.state.step,
+                        {k: v for k, v in summary.as_dict().items() if not isinstance(v, list)})
     finally:
         system.shutdown()
         run.close()
-    if cfg.stats.results_name:
+    if record:
         from asyncwebrl.bench.common import write_result
 
-        figures = dict(summary, run_time_s=summary["wall_time_s"] + summary["setup_s"], run_dir=str(run.root))
-        write_result(cfg.stats.results_name, to_dict(cfg), figures)
+        write_result(record, to_dict(cfg), dict(summary.as_dict(), run_time_s=summary.run_time_s,
+                                                run_dir=str(run.root)))
     _print_summary(cfg, run.root, summary)
     return summary
 
@@ -342,20 +389,25 @@ def find_resume(cfg: RunConfig, root: Path) -> tuple[Path | None, int]:
     return ckpt, int(meta["version"])
 
 
-def _eval_records(root: Path) -> list[dict[str, Any]]:
+def _eval_records(root: Path) -> list[EvalPoint]:
     from asyncwebrl.controller.rundir import read_jsonl
 
-    return [{"version": r.get("version"), "success_rate": r.get("success_rate")}
+    return [EvalPoint(version=int(r["version"]), success_rate=float(r["success_rate"]),
+                      heldout_success_rate=r.get("heldout_success_rate"), per_task=r.get("per_task") or {},
+                      heldout_per_task=r.get("heldout_per_task") or {})
             for r in read_jsonl(root / "metrics.jsonl") if r.get("kind") == "eval"]
 
 
-def _print_summary(cfg: RunConfig, root: Path, summary: dict[str, Any]) -> None:
+def _print_summary(cfg: RunConfig, root: Path, summary: RunSummary) -> None:
     print()
     print(f"run directory      {root}")
-    print(f"steps / version    {summary['steps']} / {summary['version']}  in {summary['wall_time_s']:.0f} s")
-    print(f"success (train)    first {summary['window']} steps {summary['success_first']:.3f} -> "
-          f"last {summary['window']} steps {summary['success_last']:.3f}  (gain {summary['success_gain']:+.3f})")
-    for r in summary.get("eval", []):
-        print(f"eval               version {r['version']}: success {r['success_rate']:.3f}")
-    print(f"logs and plots     {root / 'metrics.jsonl'}, tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")
-    print(json.dumps({k: v for k, v in summary.items() if k != 'eval'}))
+    print(f"steps / version    {summary.steps} / {summary.version}  in {summary.wall_time_s:.0f} s")
+    print(f"success (train)    first {summary.window} steps {summary.success_first:.3f} -> "
+          f"last {summary.window} steps {summary.success_last:.3f}  (gain {summary.success_gain:+.3f})")
+    print(f"episodes           {summary.trajectories} trained on, {summary.failed_episodes} failed, "
+          f"{summary.dropped_stale} groups dropped stale")
+    for r in summary.eval:
+        held = f"   held-out {r.heldout_success_rate:.3f}" if r.heldout_success_rate is not None else ""
+        print(f"eval               version {r.version}: success {r.success_rate:.3f}{held}")
+    print(f"logs and plots     {root / 'metrics.jsonl'}, {root / 'summary.json'}, "
+          f"tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")

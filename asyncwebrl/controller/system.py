@@ -69,6 +69,11 @@ class System:
     cfg: RunConfig
     run: RunDir
     model_path: str = ""
+    api_key: str = field(default="", repr=False)
+    trainer_addresses: list[str] = field(default_factory=list)
+    """hosts the servers may dial for the weight group besides loopback: the trainer node's address
+    when the Ray cluster spans nodes"""
+    """the run's inference key: inference.api_key, or a fresh random one (launched servers always have one)"""
     scheduler: Any = None
     server_handles: list[Any] = field(default_factory=list)
     """ServerProcess (local) or ServerHost actor handles (ray), train rollout"""
@@ -124,17 +129,21 @@ class System:
                     pass
 
 
-def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str) -> dict[str, Any]:
-    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
-                max_batch_size=cfg.inference.max_batch_size, log_dir=run.root / "logs",
-                startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
-                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s)
+def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_key: str,
+                   trainer_addresses: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=api_key,
+                max_batch_size=cfg.inference.max_batch_size, max_context_len=cfg.inference.max_context_len,
+                log_dir=run.root / "logs", startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
+                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
+                weights_roots=[str(Path(run.root) / "checkpoints")], trainer_addresses=list(trainer_addresses))
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:
+    from asyncwebrl.httpguard import new_key
     from asyncwebrl.models.prepare import resolve_model_path
 
-    system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path))
+    system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path),
+                    api_key=cfg.inference.api_key or new_key())
     try:
         if cfg.scheduler.type == "ray":
             _build_ray(system)
@@ -158,18 +167,25 @@ def _build_ray(s: System) -> None:
     from asyncwebrl.scheduling.trainer_host import start_trainer
 
     cfg = s.cfg
-    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address)
+    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address,
+                               auth_token_file=cfg.scheduler.ray_auth_token_file)
     alloc = cfg.allocation
-    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend))
+    base = cfg.inference.base_port
+    if s.scheduler.spans_nodes:  # the weight group's master is trainer rank 0, on its node's address
+        s.trainer_addresses = [s.scheduler.bundle_address_and_port("actor", 0)[0]]
+    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(
+        cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key, s.trainer_addresses), base_port=base)
     if cfg.test_rollout.enabled:
-        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf"))
+        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(
+            cfg, s.run, s.model_path, "hf", s.api_key, s.trainer_addresses),
+            base_port=base + len(s.server_handles) if base else 0)
     s.server_addresses = ray.get([h.address.remote() for h in s.server_handles])
     s.test_addresses = ray.get([h.address.remote() for h in s.test_handles])
     if cfg.rollout.pixel_transport == "store":
         s.pixel_store = make_pixel_store(cfg.pixelstore, "ray", f"{cfg.experiment_name}-{cfg.trial_name}")
     s.trainer = start_trainer(cfg, s.scheduler)
     if cfg.actor.weight_update_mode == "xccl":
-        s.trainer.init_weight_group(s.server_addresses, cfg.inference.api_key)
+        s.trainer.init_weight_group(s.server_addresses, s.api_key)
 
 
 def _build_local(s: System) -> None:
@@ -186,20 +202,22 @@ def _build_local(s: System) -> None:
         n_gpus = torch.cuda.device_count()
     devices = local_device_assignment(plan_roles(cfg), n_gpus)
     alloc = cfg.allocation
-    kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend)
+    kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key)
+    base = cfg.inference.base_port
     for i, dev in enumerate(devices["rollout"]):
-        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", **kw))
+        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", port=base + i if base else 0, **kw))
     if cfg.test_rollout.enabled:
-        kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf")
+        kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf", s.api_key)
         for i, dev in enumerate(devices["test-rollout"]):
-            s.test_handles.append(launch_server(device=dev, name=f"test{i}", **kw_test))
+            port = base + len(devices["rollout"]) + i if base else 0
+            s.test_handles.append(launch_server(device=dev, name=f"test{i}", port=port, **kw_test))
     s.server_addresses = [h.address for h in s.server_handles]
     s.test_addresses = [h.address for h in s.test_handles]
     if cfg.rollout.pixel_transport == "store":
         s.pixel_store = make_pixel_store(cfg.pixelstore, "local", f"{cfg.experiment_name}-{cfg.trial_name}")
     s.trainer = start_trainer(cfg, None, device=devices["actor"][0])
     if cfg.actor.weight_update_mode == "xccl":
-        s.trainer.init_weight_group(s.server_addresses, cfg.inference.api_key)
+        s.trainer.init_weight_group(s.server_addresses, s.api_key)
 
 
 def _build_rollout(s: System, resume_version: int) -> None:
@@ -212,7 +230,7 @@ def _build_rollout(s: System, resume_version: int) -> None:
     s.task_factory = TaskFactory(cfg.env, cfg.seed, resume_version)
     spec = EpisodeRolloutSpec(
         env_cfg=cfg.env, model_path=s.model_path,
-        client_factory=ClientFactory(s.server_addresses, cfg.inference.api_key, cfg.rollout.request_timeout_s,
+        client_factory=ClientFactory(s.server_addresses, s.api_key, cfg.rollout.request_timeout_s,
                                      cfg.rollout.max_retries),
         store=s.pixel_store, sampling=sampling_params(cfg, adapter), n_samples=cfg.gconfig.n_samples,
         task_factory=s.task_factory, pixel_transport=cfg.rollout.pixel_transport,
@@ -226,36 +244,33 @@ def _build_rollout(s: System, resume_version: int) -> None:
     kwargs: dict[str, Any] = {"on_drop_group": free_group}
     if cfg.scheduler.type == "ray" and cfg.rollout.mode == "async":
         kwargs["cpus_per_worker"] = cfg.scheduler.cpus_per_role
+        pin = cfg.scheduler.role_resources.get("rollout")
+        if pin:  # rollout workers (browsers, episode loops) sit beside the rollout servers
+            from asyncwebrl.scheduling.placement import NODE_RESOURCE_SLIVER
+
+            kwargs["worker_resources"] = {pin: NODE_RESOURCE_SLIVER}
     s.rollout = make_rollout_controller(spec, cfg.rollout, cfg.scheduler.type, **kwargs)
     if resume_version:
         s.rollout.reseed(resume_version)
 
 
 def _build_test_rollout(s: System) -> None:
-    from asyncwebrl.evaluation.evaluate import eval_sampling, eval_tasks
+    from asyncwebrl.evaluation.evaluate import eval_sampling, eval_task_sets
     from asyncwebrl.evaluation.test_rollout import TestRolloutManager
     from asyncwebrl.inference.client import InferenceClient
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.base import InProcessPixelStore
-    from asyncwebrl.web.tasks import make_env, resolve_task_names
+    from asyncwebrl.web.tasks import make_env
 
     cfg = s.cfg
     adapter = VLMAdapter(s.model_path)
     env_cfg = cfg.env
-    if cfg.env.type == "miniwob":
-        names = resolve_task_names(cfg.test_rollout.tasks)
-    else:
-        names = [n.strip() for n in cfg.test_rollout.tasks.split(",") if n.strip()]
-    tasks = eval_tasks(names, cfg.test_rollout.n_episodes, cfg.env.max_steps)
-    if cfg.env.type == "miniwob":
-        for t in tasks:
-            if not t.task_id.startswith("miniwob/"):
-                t.task_id = "miniwob/" + t.task_id
+    tasks, heldout = eval_task_sets(cfg)
     s.test_rollout = TestRolloutManager(
         ckpt_root=Path(s.run.root) / "checkpoints",
-        client=InferenceClient(s.test_addresses, api_key=cfg.inference.api_key, timeout_s=cfg.rollout.request_timeout_s),
+        client=InferenceClient(s.test_addresses, api_key=s.api_key, timeout_s=cfg.rollout.request_timeout_s),
         adapter=adapter, env_factory=lambda: make_env(env_cfg), env_cfg=env_cfg, tasks=tasks,
         sampling=eval_sampling(cfg, adapter),
         on_result=lambda figs: s.run.log_metrics("eval", int(figs["version"]), figs),
-        poll_interval_s=cfg.test_rollout.poll_interval_s, store=InProcessPixelStore("eval"),
+        poll_interval_s=cfg.test_rollout.poll_interval_s, store=InProcessPixelStore("eval"), heldout_tasks=heldout,
     )

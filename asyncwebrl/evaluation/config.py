@@ -11,10 +11,15 @@ class TestRolloutConfig:
     """run evaluation on checkpoints with a separate inference group"""
     n_gpus: int = 0
     """devices of the test-rollout group (0 = CPU)"""
-    tasks: str = "miniwob-easy"
-    """evaluation task subset"""
+    tasks: str = ""
+    """evaluation tasks (subset or comma-separated names); '' = the training tasks (env.tasks)"""
     n_episodes: int = 16
     """episodes per evaluated checkpoint"""
+    heldout_tasks: str = ""
+    """held-out MiniWoB tasks the trainer never samples, evaluated beside the training tasks ('' = none;
+    ignored for env types other than miniwob)"""
+    heldout_n_episodes: int = 0
+    """episodes of the held-out tasks per evaluated checkpoint (0 = n_episodes)"""
     temperature: float = 0.0
     """evaluation sampling temperature (0 = greedy)"""
     poll_interval_s: float = 2.0
@@ -23,3 +28,5 @@ class TestRolloutConfig:
     def validate(self) -> None:
         if self.n_gpus < 0 or self.n_episodes < 1:
             raise ValueError("test_rollout.n_gpus must be >= 0 and test_rollout.n_episodes >= 1")
+        if self.heldout_n_episodes < 0:
+            raise ValueError("test_rollout.heldout_n_episodes must be >= 0 (0 = n_episodes)")

@@ -27,6 +27,46 @@ def eval_tasks(task_names: list[str], n_episodes: int, max_steps: int) -> list[T
     ]
 
 
+def eval_task_sets(cfg) -> tuple[list[Task], list[Task]]:
+    """(training-task set, held-out set) the test rollout evaluates, from the run config.
+
+    test_rollout.tasks '' = the training tasks. MiniWoB: subset or task names; WebGym: ids from the task
+    file ('' = every task of it); synthetic: names. Held-out tasks are MiniWoB tasks, disjoint from
+    env.tasks (RunConfig.validate checks it); other env types ignore them.
+    """
+    import dataclasses
+
+    from asyncwebrl.web.tasks import resolve_task_names
+
+    n, max_steps = cfg.test_rollout.n_episodes, cfg.env.max_steps
+    if cfg.test_rollout.heldout_tasks.strip() and cfg.env.type != "miniwob":
+        log.info("test_rollout.heldout_tasks names MiniWoB tasks; ignored for env.type=%s", cfg.env.type)
+    if cfg.env.type == "webgym":
+        from asyncwebrl.web.webgym import load_task_file
+
+        templates = {t.task_id: t for t in load_task_file(cfg.env.task_file)}
+        want = [x.strip() for x in cfg.test_rollout.tasks.split(",") if x.strip()] or list(templates)
+        unknown = [w for w in want if w not in templates]
+        if unknown:
+            raise ValueError(f"test_rollout.tasks names ids not in {cfg.env.task_file}: {unknown}")
+        tasks = [dataclasses.replace(templates[want[i % len(want)]], seed=EVAL_SEED_BASE + i) for i in range(n)]
+        return tasks, []
+    spec = cfg.test_rollout.tasks or cfg.env.tasks
+    if cfg.env.type == "miniwob":
+        tasks = eval_tasks(resolve_task_names(spec), n, max_steps)
+    else:
+        tasks = eval_tasks([x.strip() for x in spec.split(",") if x.strip()], n, max_steps)
+    heldout: list[Task] = []
+    if cfg.test_rollout.heldout_tasks.strip() and cfg.env.type == "miniwob":
+        heldout = eval_tasks(resolve_task_names(cfg.test_rollout.heldout_tasks),
+                             cfg.test_rollout.heldout_n_episodes or n, max_steps)
+    if cfg.env.type == "miniwob":
+        for t in tasks + heldout:
+            if not t.task_id.startswith("miniwob/"):
+                t.task_id = "miniwob/" + t.task_id
+    return tasks, heldout
+
+
 async def run_eval_episodes(tasks: list[Task], env_factory, client, adapter, store, env_cfg,
                             sampling: dict[str, Any], version: int, concurrency: int = 4) -> dict[str, Any]:
     """Run the tasks with `concurrency` environments; returns success/reward figures and per-task rates."""
@@ -94,18 +134,23 @@ def eval_main(cfg, checkpoint: str | None) -> int:
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.base import InProcessPixelStore
     from asyncwebrl.scheduling.servers import launch_server
-    from asyncwebrl.web.tasks import make_env, resolve_task_names
+    from asyncwebrl.web.tasks import make_env
 
     model = checkpoint or resolve_model_path(cfg.actor.path)
     server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
+                           max_context_len=cfg.inference.max_context_len,
                            startup_timeout=cfg.inference.startup_timeout_s)
     try:
         adapter = VLMAdapter(model)
-        client = InferenceClient([server.address], api_key=cfg.inference.api_key)
-        tasks = eval_tasks(resolve_task_names(cfg.test_rollout.tasks), cfg.test_rollout.n_episodes, cfg.env.max_steps)
+        client = InferenceClient([server.address], api_key=server.api_key)
+        tasks, held = eval_task_sets(cfg)
         sampling = eval_sampling(cfg, adapter)
         figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,
                                                 InProcessPixelStore("eval"), cfg.env, sampling, version=-1))
+        if held:
+            figures["heldout"] = asyncio.run(run_eval_episodes(held, lambda: make_env(cfg.env), client, adapter,
+                                                               InProcessPixelStore("eval"), cfg.env, sampling,
+                                                               version=-1))
         print(json.dumps(figures, indent=2))
     finally:
         server.stop()

@@ -2,7 +2,9 @@
 
 A daemon thread with its own asyncio loop and its own inference server(s). It scans the checkpoint
 root for the newest complete checkpoint, hot-loads it with `/update_weights_from_disk`, runs the
-fixed evaluation set, and logs eval metrics tagged with the checkpoint's version.
+fixed evaluation set, and logs eval metrics tagged with the checkpoint's version. With held-out tasks
+(tasks the trainer never samples) it runs their fixed set on the same snapshot and adds
+`heldout_success_rate` / `heldout_per_task` to the same eval record.
 
 Invariants: it never joins the weight-broadcast group and never blocks training (the trainer only
 reads `wants_checkpoint`, a flag, at step boundaries); it only ever evaluates complete checkpoints,
@@ -37,13 +39,15 @@ class TestRolloutManager:
 
     def __init__(self, *, ckpt_root: Path, client, adapter, env_factory, env_cfg, tasks, sampling: dict[str, Any],
                  on_result: Callable[[dict[str, Any]], None], poll_interval_s: float = 2.0,
-                 flush_after_s: float | None = 120.0, concurrency: int = 2, store=None):
+                 flush_after_s: float | None = 120.0, concurrency: int = 2, store=None,
+                 heldout_tasks=None):
         self.ckpt_root = Path(ckpt_root)
         self.client = client
         self.adapter = adapter
         self.env_factory = env_factory
         self.env_cfg = env_cfg
         self.tasks = tasks
+        self.heldout_tasks = list(heldout_tasks or [])
         self.sampling = sampling
         self.on_result = on_result
         self.poll_interval_s = poll_interval_s
@@ -115,6 +119,14 @@ class TestRolloutManager:
                 figures = await run_eval_episodes(self.tasks, self.env_factory, self.client, self.adapter,
                                                   self.store, self.env_cfg, self.sampling, version,
                                                   concurrency=self.concurrency)
+                if self.heldout_tasks:
+                    held = await run_eval_episodes(self.heldout_tasks, self.env_factory, self.client, self.adapter,
+                                                   self.store, self.env_cfg, self.sampling, version,
+                                                   concurrency=self.concurrency)
+                    figures["heldout_success_rate"] = held["success_rate"]
+                    figures["heldout_n_episodes"] = held["n_episodes"]
+                    figures["heldout_invalid_rate"] = held["invalid_rate"]
+                    figures["heldout_per_task"] = held["per_task"]
                 figures["checkpoint"] = ckpt.name
                 figures["eval_time_s"] = time.monotonic() - t0
                 self.on_result(figures)

@@ -15,7 +15,8 @@ trainer's view).
 Server choice: one episode (`sticky_key`) sticks to one server while it is healthy (KV/prefix
 reuse); new keys go to the least-loaded healthy server. Transport errors and 5xx are retried with
 exponential backoff, then the server is marked failed (for `failure_cooldown_s`) and the request
-fails over to another. HTTP 400/401 are the caller's fault: raised at once, never retried.
+fails over to another. HTTP 400/401 are the caller's fault: raised at once, never retried, with the
+server's message whatever its error shape (SGLang's {"error": {"message"}} or ours).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from typing import Any
 
 import aiohttp
 
-from asyncwebrl.inference.protocol import (
+from asyncwebrl.protocol import (
     GenerationOutput,
     ProtocolError,
     build_generate_payload,
+    error_message,
     parse_version,
 )
 
@@ -138,12 +140,12 @@ class InferenceClient:
                     body = {"message": (await r.text())[:500]}
                 if r.status == 200:
                     return body if isinstance(body, dict) else {"value": body}
-                msg = body.get("message") if isinstance(body, dict) else str(body)
+                msg = f"HTTP {r.status}: {error_message(body)}"
                 if r.status == 401:
                     raise InferenceAuthError(f"{url}: {msg}")
                 if 400 <= r.status < 500 and r.status not in (404, 408, 429):
                     raise ProtocolError(f"{url}: {msg}")
-                raise _ServerError(f"{url}: HTTP {r.status}: {msg}")
+                raise _ServerError(f"{url}: {msg}")
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise _ServerError(f"{url}: {type(e).__name__}: {e}") from e
 
@@ -264,9 +266,10 @@ class InferenceClient:
                 out[a] = r
         return out
 
-    async def apause(self, mode: str | None = None) -> dict[str, dict[str, Any]]:
-        """Pause generation on every healthy server (running requests are kept unless mode='abort')."""
-        return await self._broadcast("/pause_generation", {"mode": mode or "in_place"})
+    async def apause(self, mode: str = "in_place") -> dict[str, dict[str, Any]]:
+        """Pause generation on every healthy server; running requests are kept (in_place) unless
+        mode='abort'. The mode is always sent: an empty body means 'abort' to SGLang."""
+        return await self._broadcast("/pause_generation", {"mode": mode})
 
     async def aresume(self) -> dict[str, dict[str, Any]]:
         return await self._broadcast("/continue_generation", {})

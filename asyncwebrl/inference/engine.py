@@ -31,10 +31,25 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestLimits:
+    """What one request may cost, checked in `HFEngine.prepare` before the expensive step it guards."""
+
+    max_images_per_prompt: int = 16
+    """images per prompt (checked before any image is decoded)"""
+    max_image_pixels: int = 4096 * 4096
+    """width * height of one image, read from its header before decoding (a small PNG can inflate to GBs)"""
+    max_prompt_chars: int = 0
+    """characters of a text prompt, checked before tokenizing (0 = 16 x the context length)"""
+    allow_auto_truncate: bool = False
+    """SGLang's --allow-auto-truncate: clamp max_new_tokens to the room left in the context instead of
+    refusing a prompt + max_new_tokens that does not fit"""
 
 
 @dataclass
@@ -115,6 +130,7 @@ class HFEngine:
         text_cfg = self.model.config.get_text_config()
         self.vocab_size = int(text_cfg.vocab_size)
         self.context_len = min(max_context_len, int(getattr(text_cfg, "max_position_embeddings", max_context_len)))
+        self.limits = RequestLimits()
         self.max_batch_size = max_batch_size
         self.family = self.adapter.family
         self.eos_ids = set(self.adapter.eos_token_ids)
@@ -154,12 +170,34 @@ class HFEngine:
     # ---- requests ----------------------------------------------------------------------------------
     def prepare(self, req: GenerateRequest, on_done: Callable[[EngineResult], None],
                 on_token: Callable[[EngineRequest], None] | None = None) -> EngineRequest:
-        """Tokenize / decode images / check limits; ProtocolError on anything the model cannot take."""
+        """Check limits, decode images, tokenize (one prompt: see GenerateRequest.split); ProtocolError on
+        anything the model cannot take. Each limit is checked before the work it bounds."""
+        if req.is_batch:
+            raise ProtocolError("the engine takes one prompt at a time (GenerateRequest.split)")
+        req = req.split()[0]  # normalized: image_data a list, sampling_params set
+        lim = self.limits
+        raw_images = list(req.image_data or [])
+        if len(raw_images) > lim.max_images_per_prompt:
+            raise ProtocolError(f"{len(raw_images)} images in one prompt; the limit is {lim.max_images_per_prompt}")
+        if req.input_ids is not None and len(req.input_ids) >= self.context_len:
+            raise ProtocolError(f"the input ({len(req.input_ids)} tokens) is longer than the model's context "
+                                f"length ({self.context_len} tokens)")
+        max_chars = lim.max_prompt_chars or 16 * self.context_len
+        if req.text is not None and len(req.text) > max_chars:
+            raise ProtocolError(f"prompt text of {len(req.text)} characters exceeds the limit of {max_chars} "
+                                f"(context length {self.context_len} tokens)")
         images = []
-        for i, im in enumerate(req.image_data or []):
+        for i, im in enumerate(raw_images):
             try:
-                images.append(decode_image(im))
+                data = image_bytes(im)
+                w, h = image_size(data)
+                if w * h > lim.max_image_pixels:
+                    raise ProtocolError(f"image_data[{i}]: {w}x{h} pixels exceeds the limit of "
+                                        f"{lim.max_image_pixels} pixels")
+                images.append(decode_image(data))
             except ValueError as e:
+                if isinstance(e, ProtocolError):
+                    raise
                 raise ProtocolError(f"image_data[{i}]: {e}") from None
         try:
             if req.text is not None:
@@ -176,10 +214,15 @@ class HFEngine:
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         if len(ids) >= self.context_len:
+            raise ProtocolError(f"the input ({len(ids)} tokens) is longer than the model's context length "
+                                f"({self.context_len} tokens)")
+        want = req.sampling_params.max_new_tokens
+        if len(ids) + want > self.context_len and not lim.allow_auto_truncate:
             raise ProtocolError(
-                f"prompt of {len(ids)} tokens does not fit the context window of {self.context_len} tokens"
-            )
-        max_new = min(req.sampling_params.max_new_tokens, self.context_len - len(ids))
+                f"requested token count exceeds the model's context length of {self.context_len} tokens: "
+                f"{len(ids)} prompt tokens + {want} max_new_tokens (shorten either, or start the server with "
+                f"--allow-auto-truncate)")
+        max_new = min(want, self.context_len - len(ids))
         return EngineRequest(
             rid=req.rid or uuid.uuid4().hex,
             input_ids=ids,
@@ -403,7 +446,16 @@ class HFEngine:
         logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
         any_done = False
         for i, r in enumerate(reqs):
-            tok = self._sample(logits[i], r)
+            try:
+                if torch.isnan(logits[i]).any() or not torch.isfinite(logits[i]).any():
+                    raise FloatingPointError("the model produced non-finite logits")
+                tok = self._sample(logits[i], r)
+            except (FloatingPointError, RuntimeError) as e:  # this row alone ends; the batch goes on
+                self.stats["errors"] += 1
+                r.finish = finish_reason("abort", message=f"sampling failed: {type(e).__name__}: {e}")
+                any_done = True
+                self._deliver(r)
+                continue
             r.output_ids.append(tok)
             r.logprobs.append(float(logprobs[i, tok]))
             r.versions.append(self.weight_version)
@@ -488,6 +540,34 @@ class HFEngine:
     def weights_checksum(self) -> str:
         with self._model_lock():
             return params_checksum(self.model.named_parameters())
+
+
+def image_bytes(data: str) -> bytes:
+    """The raw bytes of a base64 / data-URI image string; ValueError when it is not base64."""
+    import base64
+    import binascii
+
+    if data.startswith("data:"):
+        data = data.split(",", 1)[-1]
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"not base64 ({e})") from None
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the image's header, without decoding its pixels; ValueError if unreadable."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header only
+            return im.size
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ValueError(f"undecodable image ({type(e).__name__}: {e})") from None
+    except Image.DecompressionBombError as e:
+        raise ValueError(str(e)) from None
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:

@@ -1,13 +1,24 @@
 """The embedded `hf` inference server: SGLang's native HTTP API (SPEC section 3) over `HFEngine`.
 
-`asyncwebrl serve --backend hf --model PATH --host 127.0.0.1 --port N [--api-key K]` runs it; tests
-and other components start it with `scheduling.servers.launch_server(...)`, or
-in-process with `launch_in_thread(...)`.
+`asyncwebrl serve --backend hf --model PATH --host 127.0.0.1 --port N` runs it; tests and other
+components start it with `scheduling.servers.launch_server(...)`, or in-process with
+`launch_in_thread(...)`.
 
-Invariants: binds 127.0.0.1 unless told otherwise; with an API key every request without
-`Authorization: Bearer KEY` gets 401; a malformed request gets HTTP 400 {"success": false,
-"message": ...} and the server keeps serving; weight operations are serialized with each other and
-run with generation paused (engine.exclusive), never concurrently with a forward pass.
+Invariants (see `asyncwebrl.httpguard` for the gate every request passes first):
+- binds 127.0.0.1 unless told otherwise; refuses requests from web browsers (Origin / Sec-Fetch-*),
+  a Host that is not one it serves, non-JSON bodies, and bodies over the limit (from Content-Length,
+  before reading);
+- the server always has a key: the control endpoints (`protocol.CONTROL_ENDPOINTS`: weights, groups,
+  pause/continue, version, flush, abort) need `Authorization: Bearer KEY`; with `key_scope="all"` every
+  endpoint but /health does. Launchers hand the key over in $ASYNCWEBRL_API_KEY or a 0600 file; a
+  server started by hand without one makes its own and writes it to a 0600 file it names;
+- `update_weights_from_disk` loads only from folders under its weight roots; `init_weights_update_group`
+  dials only its configured trainer addresses (loopback by default);
+- a malformed request gets HTTP 400 `{"error": {"message"}, "success": false, "message"}` (SGLang's
+  shape plus ours) and the server keeps serving; bodies are parsed off the event loop, so /health
+  answers while a large request is being read or parsed;
+- weight operations are serialized with each other and run with generation paused
+  (engine.exclusive), never concurrently with a forward pass.
 """
 
 from __future__ import annotations
@@ -17,43 +28,101 @@ import asyncio
 import collections
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine
-from asyncwebrl.inference.protocol import (
+from asyncwebrl import httpguard, net
+from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine, RequestLimits
+from asyncwebrl.net import free_port
+from asyncwebrl.protocol import (
+    CONTROL_ENDPOINTS,
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
     error,
     ok,
-    parse_request,
+    parse_generate_bounded,
+    parse_json,
 )
-from asyncwebrl.net import free_port
 from asyncwebrl.weights.disk import load_folder
 from asyncwebrl.weights.group import WeightSyncError
 from asyncwebrl.weights.receiver import AnnouncementRejected, WeightReceiver
 from asyncwebrl.weights.sender import EXTENSION_BUCKET_SIZES
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 256 * 2**20
+KEY_ENV = "ASYNCWEBRL_API_KEY"
+WEIGHT_ROOTS_ENV = "ASYNCWEBRL_WEIGHTS_ROOTS"
+TRAINER_ADDRESSES_ENV = "ASYNCWEBRL_TRAINER_ADDRESSES"
+LOOPBACK = (net.LOOPBACK, "::1", "localhost")
+PARSE_INLINE_BYTES = 256 * 1024
+"""bodies above this are parsed off the event loop (/generate: in a worker process)"""
+MAX_BATCH_PROMPTS = 256
+"""prompts in one /generate batch"""
+
+
+@dataclass
+class ServerPolicy:
+    """Who may do what on one server (see the module docstring)."""
+
+    api_key: str = field(default_factory=httpguard.new_key, repr=False)
+    """the credential; control endpoints always need it"""
+    key_scope: str = "control"
+    """'control': only control endpoints need the key; 'all': every endpoint but /health"""
+    host_names: set[str] = field(default_factory=httpguard.served_names)
+    """Host header names served besides IP literals"""
+    weight_roots: list[str] = field(default_factory=list)
+    """update_weights_from_disk loads only from folders under these (none: refuses every disk load)"""
+    trainer_addresses: list[str] = field(default_factory=lambda: list(LOOPBACK))
+    """init_weights_update_group dials only these hosts (names are resolved on both sides)"""
+    max_body_bytes: int = 32 * 2**20
+    """largest /generate body"""
+    max_control_body_bytes: int = 2**20
+    """largest body of any other endpoint"""
+
+    def needs_key(self, path: str) -> bool:
+        if path in ("/health", "/health_generate"):
+            return False
+        return self.key_scope == "all" or path in CONTROL_ENDPOINTS
+
+    def check_weight_path(self, path: str) -> None:
+        if not self.weight_roots:
+            raise ProtocolError("this server loads weights from disk only under its weight roots, and none is "
+                                f"configured (--weights-root / ${WEIGHT_ROOTS_ENV})")
+        real = os.path.realpath(path)
+        for root in self.weight_roots:
+            r = os.path.realpath(root)
+            if real == r or real.startswith(r.rstrip(os.sep) + os.sep):
+                return
+        raise ProtocolError(f"model_path '{path}' is outside the server's weight roots")
+
+    def check_trainer_address(self, host: str) -> None:
+        got = httpguard.resolve_all(host)
+        allowed: set[str] = set()
+        for a in self.trainer_addresses:
+            allowed |= httpguard.resolve_all(a)
+        if not got or not got <= allowed:
+            raise ProtocolError(f"master_address '{host}' is not a trainer address this server may dial "
+                                f"(--trainer-address / ${TRAINER_ADDRESSES_ENV})")
 
 
 class InferenceServer:
     """HTTP front of one engine (one server per device, tp=1)."""
 
-    def __init__(self, engine: HFEngine, *, api_key: str | None = None, weight_sync_timeout_s: float = 120.0,
+    def __init__(self, engine: HFEngine, *, policy: ServerPolicy | None = None, weight_sync_timeout_s: float = 120.0,
                  server_args: dict[str, Any] | None = None):
         self.engine = engine
-        self.api_key = api_key
+        self.policy = policy or ServerPolicy()
         self.weight_sync_timeout_s = weight_sync_timeout_s
         self.server_args = server_args or {}
         self.receiver = WeightReceiver(engine.named_parameters(), engine.device, weight_sync_timeout_s)
@@ -62,11 +131,12 @@ class InferenceServer:
         self.weight_session = False
         """inside /begin_weight_update ... /end_weight_update (SGLang 0.5.x refuses updates outside)"""
         self._weights_lock = asyncio.Lock()
+        self._pool: ProcessPoolExecutor | None = None
         self.started = time.time()
 
     # ---- app ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._middleware], client_max_size=self.policy.max_body_bytes)
         post: dict[str, Callable[[Any], Awaitable[web.StreamResponse]]] = {
             "/generate": self.generate,
             "/pause_generation": self.pause_generation,
@@ -94,68 +164,105 @@ class InferenceServer:
         app.on_shutdown.append(self._on_shutdown)
         return app
 
+    @staticmethod
+    def _refuse(status: int, message: str) -> web.Response:
+        return web.json_response(error(message, status), status=status)
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
-        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return web.json_response(error("missing or wrong API key (Authorization: Bearer KEY)"), status=401)
+        pol = self.policy
+        limit = pol.max_body_bytes if request.path == "/generate" else pol.max_control_body_bytes
+        refused = httpguard.refusal(request, names=pol.host_names, max_body=limit)
+        if refused is not None:
+            return self._refuse(*refused)
+        if pol.needs_key(request.path) and not httpguard.keys_equal(
+                httpguard.bearer(request.headers.get("Authorization")), pol.api_key):
+            return self._refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
+        refused = httpguard.body_type_refusal(request)
+        if refused is not None:
+            return self._refuse(*refused)
         if request.method == "POST" and request.path != "/generate":
             self.control_events.append(request.path)
         try:
             return await handler(request)
         except ProtocolError as e:
-            return web.json_response(error(str(e)), status=400)
+            return self._refuse(400, str(e))
         except web.HTTPException as e:
             if e.status >= 400:
-                return web.json_response(error(f"{e.reason}: {request.method} {request.path}"), status=e.status)
+                return self._refuse(e.status, f"{e.reason}: {request.method} {request.path}")
             raise
         except Exception as e:  # keep serving; the caller gets the reason
             log.exception("%s failed", request.path)
-            return web.json_response(error(f"{type(e).__name__}: {e}"), status=500)
+            return self._refuse(500, f"{type(e).__name__}: {e}")
 
     def _with_body(self, path: str, handler):
         cls = REQUEST_TYPES[path]
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
-            if raw.strip():
-                try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise ProtocolError(f"malformed JSON body: {e}") from None
+            if len(raw) <= PARSE_INLINE_BYTES:
+                body = parse_json(cls, raw)
+            elif path == "/generate":  # a big body: parsed and bounded in the worker process
+                e = self.engine
+                body = await asyncio.get_running_loop().run_in_executor(
+                    self._parse_pool(), parse_generate_bounded, raw, MAX_BATCH_PROMPTS, e.context_len,
+                    e.limits.max_prompt_chars or 16 * e.context_len)
             else:
-                body = {}
-            return await handler(parse_request(cls, body), request)
+                body = await asyncio.to_thread(parse_json, cls, raw)
+            return await handler(body, request)
 
         return wrapped
+
+    def _parse_pool(self) -> ProcessPoolExecutor:
+        """One spawned worker process for parsing large bodies (pydantic holds the GIL while it builds
+        millions of values; a thread would stall /health). Started on first use."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def _on_shutdown(self, app: web.Application) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         await self._run(self.engine.stop)
         self.receiver.close()
 
     # ---- generation --------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[EngineResult] = loop.create_future()
+        singles = req.split()
+        dones: list[asyncio.Future[EngineResult]] = [loop.create_future() for _ in singles]
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if req.stream else None
 
-        def on_done(res: EngineResult) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(res))
+        def on_done_for(fut: asyncio.Future[EngineResult]):
+            return lambda res: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(res))
 
         def on_token(r: EngineRequest) -> None:
             snap = {"output_ids": list(r.output_ids), "logprobs": list(r.logprobs), "versions": list(r.versions)}
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
-        ereq = await self._run(self.engine.prepare, req, on_done, on_token if req.stream else None)
-        self.engine.submit(ereq)
+        def prepare_all() -> list[EngineRequest]:  # all or nothing: a bad prompt submits none of the batch
+            out = []
+            for i, (one, fut) in enumerate(zip(singles, dones, strict=True)):
+                try:
+                    out.append(self.engine.prepare(one, on_done_for(fut), on_token if req.stream else None))
+                except ProtocolError as e:
+                    raise ProtocolError(f"prompt {i}: {e}" if req.is_batch else str(e)) from None
+            return out
+
+        ereqs = await self._run(prepare_all)
+        for er in ereqs:
+            self.engine.submit(er)
         try:
-            if not req.stream:
-                return web.json_response(self._generate_body(req, await done))
-            return await self._stream(req, ereq, request, done, updates)
+            if req.stream:
+                return await self._stream(singles[0], ereqs[0], request, dones[0], updates)
+            results = [self._generate_body(one, await fut) for one, fut in zip(singles, dones, strict=True)]
+            return web.json_response(results if req.is_batch else results[0])
         except asyncio.CancelledError:  # the client went away: do not keep generating for nobody
-            await self._run(lambda: self.engine.abort(rid=ereq.rid, message="client disconnected"))
+            for er in ereqs:
+                await self._run(lambda rid=er.rid: self.engine.abort(rid=rid, message="client disconnected"))
             raise
 
     async def _stream(self, req, ereq, request, done, updates) -> web.StreamResponse:
@@ -221,6 +328,7 @@ class InferenceServer:
 
     # ---- weights -----------------------------------------------------------------------------------
     async def init_weights_update_group(self, req, request) -> web.Response:
+        await asyncio.to_thread(self.policy.check_trainer_address, req.master_address)
         async with self._weights_lock:
             if req.group_name in self.receiver.groups:
                 raise ProtocolError(f"group '{req.group_name}' exists; destroy it first")
@@ -276,6 +384,8 @@ class InferenceServer:
         return web.json_response(ok(f"destroyed group '{req.group_name}'"))
 
     async def update_weights_from_disk(self, req, request) -> web.Response:
+        self.policy.check_weight_path(req.model_path)
+
         def work() -> int:
             with self.engine.exclusive(abort_all=req.abort_all_requests):
                 n = self._load_folder(req.model_path)
@@ -309,7 +419,7 @@ class InferenceServer:
     async def health(self, request: web.Request) -> web.Response:
         alive = self.engine._thread is not None and self.engine._thread.is_alive()
         if not alive:
-            return web.json_response(error("engine thread is not running"), status=503)
+            return web.json_response(error("engine thread is not running", 503), status=503)
         return web.json_response(ok("healthy"))
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -331,6 +441,7 @@ class InferenceServer:
         return web.json_response({
             **self.server_args,
             "backend": "hf",
+            "engine": type(e).__name__,
             "version": "asyncwebrl-hf",
             "weight_version": e.weight_version,
             "paused": e.paused,
@@ -364,13 +475,53 @@ def version_spans(versions: list[Any], current: Any) -> list[dict[str, Any]]:
 # ---- entry points -----------------------------------------------------------------------------------
 
 
+def policy_from_args(args: argparse.Namespace, port: int) -> tuple[ServerPolicy, str | None]:
+    """The server's policy from its flags and environment; also the key file written (if any).
+    Key: --api-key-file, else $ASYNCWEBRL_API_KEY, else --api-key (argv: visible to every local user,
+    for hand use only), else a fresh one written to a 0600 file."""
+    key_file = getattr(args, "api_key_file", None)
+    key = None
+    if key_file:
+        key = httpguard.read_key_file(key_file)
+    elif os.environ.get(KEY_ENV):
+        key = os.environ[KEY_ENV]
+    elif getattr(args, "api_key", None):
+        log.warning("--api-key puts the key in the process list; prefer $%s or --api-key-file", KEY_ENV)
+        key = args.api_key
+    written = None
+    scope = getattr(args, "key_scope", None)
+    if key is None:
+        key = httpguard.new_key()
+        base = os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache/asyncwebrl")
+        written = str(httpguard.write_key_file(Path(base) / "keys" / f"server-{port}.key", key))
+        scope = scope or "control"
+    roots = list(getattr(args, "weights_root", None) or [])
+    roots += [r for r in os.environ.get(WEIGHT_ROOTS_ENV, "").split(os.pathsep) if r]
+    trainers = list(getattr(args, "trainer_address", None) or [])
+    trainers += [t for t in os.environ.get(TRAINER_ADDRESSES_ENV, "").split(",") if t]
+    policy = ServerPolicy(
+        api_key=key, key_scope=scope or "all",
+        host_names=httpguard.served_names([args.host] + list(getattr(args, "allowed_host", None) or [])),
+        weight_roots=roots, trainer_addresses=list(LOOPBACK) + trainers,
+        max_body_bytes=int(getattr(args, "max_body_mb", 32) * 2**20),
+    )
+    return policy, written
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """`asyncwebrl serve` (blocks until SIGINT/SIGTERM)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if getattr(args, "backend", "hf") != "hf":
         print(f"backend '{args.backend}' is served by its own launcher (see sglang_launcher)", file=sys.stderr)
         return 2
-    engine = HFEngine(
+    try:
+        policy, key_file = policy_from_args(args, args.port)
+    except (OSError, ValueError) as e:
+        print(f"cannot read the API key: {e}", file=sys.stderr)
+        return 2
+    from asyncwebrl.inference.graph_engine import make_engine
+
+    engine = make_engine(
         args.model,
         device=getattr(args, "device", "cpu"),
         dtype=getattr(args, "dtype", "float32"),
@@ -380,13 +531,18 @@ def serve_main(args: argparse.Namespace) -> int:
         weight_version=str(getattr(args, "weight_version", "0")),
         cpu_threads=getattr(args, "threads", 0) or default_cpu_threads(getattr(args, "device", "cpu")),
     )
+    engine.limits = RequestLimits(allow_auto_truncate=bool(getattr(args, "allow_auto_truncate", False)),
+                                  max_images_per_prompt=getattr(args, "max_images", 16),
+                                  max_image_pixels=getattr(args, "max_image_pixels", RequestLimits.max_image_pixels))
     engine.start()
-    server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key")}
-    srv = InferenceServer(engine, api_key=args.api_key, server_args=server_args,
+    server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key", "api_key_file")}
+    srv = InferenceServer(engine, policy=policy, server_args=server_args,
                           weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", None)
                                                       or os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
     if getattr(args, "parent_pid", None):
         watch_parent(args.parent_pid)
+    if key_file:
+        print(f"no API key given: control endpoints need the key written to {key_file}", flush=True)
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
@@ -428,6 +584,8 @@ class ThreadServer:
     _loop: asyncio.AbstractEventLoop
     _runner: web.AppRunner
     _thread: threading.Thread
+    api_key: str = field(default="", repr=False)
+    """the server's key (control endpoints need it)"""
 
     def stop(self) -> None:
         fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
@@ -436,12 +594,16 @@ class ThreadServer:
         self._thread.join(timeout=30)
 
 
-def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = "127.0.0.1",
-                     api_key: str | None = None) -> ThreadServer:
-    """Serve an (already started) engine from a background thread; returns once it accepts requests."""
+def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBACK,
+                     api_key: str | None = None, policy: ServerPolicy | None = None) -> ThreadServer:
+    """Serve an (already started) engine from a background thread; returns once it accepts requests.
+    Without a policy: `api_key` guards every endpoint but /health when given, else a fresh key
+    guards the control endpoints (`ThreadServer.api_key`)."""
     port = port or free_port(host)
+    if policy is None:
+        policy = ServerPolicy(api_key=api_key, key_scope="all") if api_key else ServerPolicy()
     loop = asyncio.new_event_loop()
-    srv = InferenceServer(engine, api_key=api_key)
+    srv = InferenceServer(engine, policy=policy)
     runner = web.AppRunner(srv.app(), access_log=None)
     ready = threading.Event()
 
@@ -456,4 +618,4 @@ def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = "127.0.0.1"
     t.start()
     if not ready.wait(60):
         raise RuntimeError("in-thread server did not start")
-    return ThreadServer(engine, f"http://{host}:{port}", loop, runner, t)
+    return ThreadServer(engine, f"http://{host}:{port}", loop, runner, t, api_key=policy.api_key)

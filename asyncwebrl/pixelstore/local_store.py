@@ -1,13 +1,15 @@
-"""The PixelStore without Ray: a small aiohttp server process on 127.0.0.1 and its client.
+"""The PixelStore without Ray: a small aiohttp server process on the loopback address and its client.
 
-Used under `scheduler.type=local` (no Ray on the box). The client offers the same API as the Ray
+Used under `scheduler.type=local` (no Ray, one machine by definition, so loopback is the address). The client offers the same API as the Ray
 client (put / put_batch / get / free / retain / count_missing / stats, plus async `a*` variants), so
 rollout and trainer code do not change with the scheduler.
 
 Wire format (no pickle anywhere): screenshots travel as length-prefixed binary frames
 (8-byte big-endian length, then the bytes; length -1 marks a missing key on `get`), everything else
-as JSON. Every request carries the per-server random token; the server binds loopback only and exits
-when the process that started it dies.
+as JSON. Every request carries the per-server random token (handed to the server in its environment,
+never argv); the server binds loopback only, refuses browser requests (Origin / Sec-Fetch-*), foreign
+Host headers and bodies of the wrong type or size (asyncwebrl.httpguard), and exits when the process
+that started it dies.
 
 Invariant: a client call never hangs: each request has a timeout; if the server process died, the
 client restarts it (when it owns it) and retries once; keys lost with the old process read as missing.
@@ -29,10 +31,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from asyncwebrl.httpguard import body_type_refusal, keys_equal, refusal, served_names
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable
 
 TOKEN_HEADER = "X-PixelStore-Token"
+MAX_BODY_BYTES = 1 << 30
+"""largest request body (a put_batch of screenshots)"""
 _LEN = struct.Struct(">q")
 
 
@@ -73,10 +79,19 @@ def build_app(store: PixelStore, token: str):
 
     put_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pixelstore-put")
 
+    names = served_names()
+
     @web.middleware
     async def auth(request, handler):
-        if request.headers.get(TOKEN_HEADER) != token:
-            return web.json_response({"error": "missing or wrong token"}, status=401)
+        # the gate of every listener (asyncwebrl.httpguard): no browser, no foreign Host, sized bodies
+        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES)
+        if refused is None and not keys_equal(request.headers.get(TOKEN_HEADER), token):
+            refused = 401, "missing or wrong token"
+        if refused is None:
+            refused = body_type_refusal(request, "application/octet-stream" if request.path == "/put_batch"
+                                        else "application/json")
+        if refused is not None:
+            return web.json_response({"error": refused[1]}, status=refused[0])
         try:
             return await handler(request)
         except (ValueError, TypeError, KeyError) as e:
@@ -120,7 +135,7 @@ def build_app(store: PixelStore, token: str):
     async def health(request):
         return web.json_response({"ok": True, "prefix": store.prefix})
 
-    app = web.Application(middlewares=[auth], client_max_size=1 << 30)
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/put_batch", put_batch)
     app.router.add_post("/get", get)
     app.router.add_post("/free", free)
@@ -138,7 +153,7 @@ async def _serve(args: argparse.Namespace, token: str) -> None:
     store = PixelStore(args.capacity_bytes, args.put_timeout_s, args.prefix)
     runner = web.AppRunner(build_app(store, token), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    site = web.TCPSite(runner, LOOPBACK, args.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the port actually bound (args.port may be 0)
     print(f"PIXELSTORE_LISTENING {port}", flush=True)
@@ -164,7 +179,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def server_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="PixelStore server on 127.0.0.1 (token from $ASYNCWEBRL_PIXELSTORE_TOKEN)")
+    p = argparse.ArgumentParser(description="PixelStore server on the loopback address (token from $ASYNCWEBRL_PIXELSTORE_TOKEN)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--capacity-bytes", type=int, required=True)
     p.add_argument("--put-timeout-s", type=float, default=60.0)
@@ -198,7 +213,7 @@ class LocalStoreProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def start(self) -> LocalStoreProcess:
         with self._lock:
@@ -269,7 +284,7 @@ class LocalStoreEndpoint:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def ensure_alive(self) -> bool:
         return False  # only the owning process restarts the server
@@ -301,7 +316,7 @@ class LocalPixelStoreClient(ThreadedAsyncAPI):
     def _conn(self) -> http.client.HTTPConnection:
         c = getattr(self._tls, "conn", None)
         if c is None or getattr(self._tls, "port", None) != self.server.port:
-            c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=self.request_timeout_s)
+            c = http.client.HTTPConnection(LOOPBACK, self.server.port, timeout=self.request_timeout_s)
             self._tls.conn, self._tls.port = c, self.server.port
         return c
 

@@ -1,7 +1,7 @@
 """The rollout controller: owns the executors, the pending-results queue, and weight-update brackets.
 
-The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `update_weights(fn)`,
-`stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
+The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `set_task_weights`,
+`update_weights(fn)`, `stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
 sync_pool.py) stays behind that interface. The controller never imports training code: the weight
 transfer itself is the `fn` passed to `update_weights` (an xccl broadcast from the trainer, or a disk
 reload through the inference client).
@@ -36,6 +36,7 @@ from asyncwebrl.rollout.hosts import (
     split_slots,
 )
 from asyncwebrl.rollout.staleness import StalenessManager
+from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -88,9 +89,12 @@ class RolloutController:
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.dropped_stale = 0
+        self.task_weight_push_failures = 0
         self.lost_rollouts = 0
         """rollouts of workers that died (in flight or finished but not delivered)"""
         self._received_by: dict[int, int] = {}
+        self._last_worker_stats: dict[int, ExecutorStats] = {}
+        """each worker's newest counters, so a dead worker's failures still count"""
         self.consumed_groups = 0
         self.consumed_trajectories = 0
         self.received_groups = 0
@@ -113,11 +117,14 @@ class RolloutController:
                    eta=rollout_cfg.max_head_offpolicyness, **kwargs)
 
     @classmethod
-    def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2, **kwargs: Any) -> RolloutController:
-        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray)."""
+    def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2,
+            worker_resources: dict[str, float] | None = None, **kwargs: Any) -> RolloutController:
+        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray);
+        `worker_resources`: custom node resources each worker needs (pins workers to nodes)."""
         hosts, staleness, actor = launch_ray_hosts(spec, rollout_cfg.workers, rollout_cfg.concurrency,
                                                    rollout_cfg.consumer_batch_size,
-                                                   rollout_cfg.max_head_offpolicyness, cpus_per_worker)
+                                                   rollout_cfg.max_head_offpolicyness, cpus_per_worker,
+                                                   resources=worker_resources)
         kwargs.setdefault("batch_timeout_s", getattr(rollout_cfg, "batch_timeout_s", 3600.0))
         return cls(hosts, staleness, batch_size=rollout_cfg.consumer_batch_size,
                    eta=rollout_cfg.max_head_offpolicyness, owned_actors=[actor], **kwargs)
@@ -285,6 +292,20 @@ class RolloutController:
         self._version = version
         self._each_host("set_version", version)
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        """Push task-sampling weights (from the trainer-side curriculum) to every live worker's task sampler.
+        A worker that misses one push keeps its previous weights (a hint, not a barrier): the failure is
+        logged and counted, and a dead worker is found by its collector."""
+        for i, h in enumerate(self.hosts):
+            if i in self._dead_hosts:
+                continue
+            try:
+                h.set_task_weights(weights)
+            except Exception as e:  # noqa: BLE001
+                with self._lock:
+                    self.task_weight_push_failures += 1
+                log.warning("rollout worker %d: task-weight push failed: %r", i, e)
+
     def reseed(self, version: int) -> None:
         """Resume from a checkpoint at `version` (call before start)."""
         self.staleness.reseed(version)
@@ -303,41 +324,45 @@ class RolloutController:
     # -- statistics ---------------------------------------------------------------------------
     def _brief(self) -> dict:
         return {"version": self._version, "pending": self._pending.qsize(), "dropped_stale": self.dropped_stale,
-                "dead_workers": sorted(self._dead_hosts), "admission": self.staleness.as_dict()}
+                "dead_workers": sorted(self._dead_hosts), "admission": self.staleness.snapshot()}
 
-    def stats(self) -> dict:
+    def stats(self) -> RolloutStats:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
-        workers = []
+        workers: list[ExecutorStats] = []
         for i, h in enumerate(self.hosts):
             if i in self._dead_hosts:
                 continue
             try:
-                workers.append(h.stats())
+                w = h.stats()
             except Exception as e:  # noqa: BLE001
                 log.warning("rollout worker %d stats failed: %r", i, e)
-        slot_s = sum(w["slots"] * w["elapsed_s"] for w in workers)
-        busy_s = sum(w["busy_s"] for w in workers)
+                continue
+            self._last_worker_stats[i] = w
+            workers.append(w)
+        last = list(self._last_worker_stats.values())  # live workers' fresh figures, dead workers' last
+        slot_s = sum(w.slots * w.elapsed_s for w in workers)
+        busy_s = sum(w.busy_s for w in workers)
         with self._lock:
-            return {
-                "version": self._version,
-                "elapsed_s": elapsed,
-                "consumed_groups": self.consumed_groups,
-                "consumed_trajectories": self.consumed_trajectories,
-                "trajectories_per_s": self.consumed_trajectories / elapsed if elapsed > 0 else 0.0,
-                "received_groups": self.received_groups,
-                "pending_groups": self._pending.qsize(),
-                "dropped_stale": self.dropped_stale,
-                "staleness_hist": dict(sorted(self.staleness_hist.items())),
-                "rollout_idle_fraction": max(0.0, 1 - busy_s / slot_s) if slot_s > 0 else 0.0,
-                "trainer_wait_s": self.wait_s,
-                "paused_s": self.paused_s,
-                "failed_rollouts": sum(w["failed"] for w in workers),
-                "failed_trajectories": sum(w["failed_trajectories"] for w in workers),
-                "dead_workers": len(self._dead_hosts),
-                "lost_rollouts": self.lost_rollouts,
-                "admission": self.staleness.as_dict(),
-                "workers": workers,
-            }
+            return RolloutStats(
+                mode="async",
+                version=self._version,
+                elapsed_s=elapsed,
+                consumed_groups=self.consumed_groups,
+                consumed_trajectories=self.consumed_trajectories,
+                received_groups=self.received_groups,
+                pending_groups=self._pending.qsize(),
+                dropped_stale=self.dropped_stale,
+                staleness_hist=dict(sorted(self.staleness_hist.items())),
+                rollout_idle_fraction=max(0.0, 1 - busy_s / slot_s) if slot_s > 0 else 0.0,
+                trainer_wait_s=self.wait_s,
+                paused_s=self.paused_s,
+                failed_rollouts=sum(w.failed for w in last),
+                failed_episodes=sum(w.failed_trajectories for w in last),
+                dead_workers=len(self._dead_hosts),
+                lost_rollouts=self.lost_rollouts,
+                admission=self.staleness.snapshot(),
+                workers=workers,
+            )
 
 
 def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type: str, **kwargs: Any) -> Any:

@@ -22,10 +22,10 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from asyncwebrl.rollout.gate import ResumeGate
+from asyncwebrl.rollout.stats import ExecutorStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.web.base import Task
 
@@ -37,6 +37,7 @@ Workflow = Callable[[Task, VersionGetter], Awaitable[RolloutGroup]]
 
 class TaskSource(Protocol):
     def next(self) -> Task: ...
+    # optional: set_weights(weights: dict[str, float] | None) for adaptive task sampling
 
 
 class Admission(Protocol):
@@ -45,35 +46,6 @@ class Admission(Protocol):
     def try_submit(self) -> Any: ...
     def on_accept(self) -> Any: ...
     def on_reject(self) -> Any: ...
-
-
-@dataclass
-class ExecutorStats:
-    """Counters of one executor (a plain record: crosses the Ray boundary)."""
-
-    name: str
-    slots: int
-    admitted: int
-    completed: int
-    failed: int
-    cancelled: int
-    trajectories: int
-    failed_trajectories: int
-    pending_results: int
-    busy_s: float
-    elapsed_s: float
-    paused: bool
-
-    @property
-    def idle_fraction(self) -> float:
-        """Share of slot-time spent not running a rollout (waiting for capacity, paused)."""
-        total = self.slots * self.elapsed_s
-        return max(0.0, 1.0 - self.busy_s / total) if total > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["idle_fraction"] = self.idle_fraction
-        return d
 
 
 async def _resolve(value: Any) -> Any:
@@ -198,6 +170,13 @@ class WorkflowExecutor:
     def version(self) -> int:
         return self._version
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        """Sampling weights per task id for the task source (adaptive sampling); None = uniform."""
+        setter = getattr(self.tasks, "set_weights", None)
+        if setter is None:
+            raise TypeError(f"executor {self.name}: task source {type(self.tasks).__name__} takes no sampling weights")
+        setter(weights)
+
     def _wake(self) -> None:
         """Capacity may have grown: wake slots waiting for admission."""
         loop, kick = self._loop, self._kick
@@ -279,6 +258,8 @@ class WorkflowExecutor:
                     raise TypeError(f"workflow returned {type(group).__name__}, expected RolloutGroup")
                 n_failed = sum(1 for t in group.trajectories if t.failed)
                 if not group.trajectories or n_failed == len(group.trajectories):
+                    with self._lock:
+                        self.failed_trajectories += n_failed
                     raise RuntimeError(f"every episode of group {group.group_id} ({task.group_key}) failed")
             except asyncio.CancelledError:
                 self._end_busy(index)

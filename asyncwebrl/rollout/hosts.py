@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from asyncwebrl.rollout.executor import TaskSource, Workflow, WorkflowExecutor
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.staleness import StalenessManager
+from asyncwebrl.rollout.stats import AdmissionStats, ExecutorStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ class ExecutorHost(Protocol):
     def pause(self) -> None: ...
     def resume(self) -> None: ...
     def set_version(self, version: int) -> None: ...
+    def set_task_weights(self, weights: dict[str, float] | None) -> None: ...
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]: ...
-    def stats(self) -> dict: ...
+    def stats(self) -> ExecutorStats: ...
     def shutdown(self) -> None: ...
 
 
@@ -77,11 +79,14 @@ class LocalExecutorHost:
     def set_version(self, version: int) -> None:
         self.executor.set_version(version)
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self.executor.set_task_weights(weights)
+
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self.executor.get_results(max_n, timeout_s)
 
-    def stats(self) -> dict:
-        return self.executor.stats().as_dict()
+    def stats(self) -> ExecutorStats:
+        return self.executor.stats()
 
     def shutdown(self) -> None:
         self.executor.shutdown()
@@ -117,8 +122,8 @@ class StalenessActor:
     def reseed(self, v: int) -> None:
         self.m.reseed(v)
 
-    def snapshot(self) -> dict:
-        return self.m.as_dict()
+    def snapshot(self) -> AdmissionStats:
+        return self.m.snapshot()
 
 
 class RemoteStaleness:
@@ -145,7 +150,7 @@ class RemoteStaleness:
     def release_owner(self, owner: int, delivered: int) -> int:
         return self._get(self.handle.release_owner.remote(owner, delivered))
 
-    def as_dict(self) -> dict:
+    def snapshot(self) -> AdmissionStats:
         return self._get(self.handle.snapshot.remote())
 
 
@@ -199,10 +204,13 @@ class RolloutWorkerActor:
     def set_version(self, v: int) -> None:
         self.host.set_version(v)
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self.host.set_task_weights(weights)
+
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self.host.fetch(max_n, timeout_s)
 
-    def stats(self) -> dict:
+    def stats(self) -> ExecutorStats:
         return self.host.stats()
 
     def shutdown(self) -> None:
@@ -233,10 +241,13 @@ class RayExecutorHost:
     def set_version(self, version: int) -> None:
         self._get(self.handle.set_version.remote(version))
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        self._get(self.handle.set_task_weights.remote(weights))
+
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
         return self._get(self.handle.fetch.remote(max_n, timeout_s), timeout_s + self.call_timeout_s)
 
-    def stats(self) -> dict:
+    def stats(self) -> ExecutorStats:
         return self._get(self.handle.stats.remote())
 
     def shutdown(self) -> None:
@@ -249,7 +260,8 @@ class RayExecutorHost:
 
 
 def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_size: int, eta: int,
-                     cpus_per_worker: float = 0.2) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
+                     cpus_per_worker: float = 0.2,
+                     resources: dict[str, float] | None = None) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
     """Start the StalenessActor and `workers` RolloutWorkerActors; returns (hosts, staleness, actor)."""
     import ray
 
@@ -259,7 +271,7 @@ def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_si
     worker_cls = ray.remote(RolloutWorkerActor)
     hosts = []
     for i, slots in enumerate(split_slots(concurrency, workers)):
-        h = worker_cls.options(num_cpus=cpus_per_worker, max_concurrency=8,
+        h = worker_cls.options(num_cpus=cpus_per_worker, max_concurrency=8, resources=resources or {},
                                name=None).remote(spec, i, slots, stale_actor)
         hosts.append(RayExecutorHost(h))
     return hosts, RemoteStaleness(stale_actor), stale_actor

@@ -17,19 +17,8 @@ rejected, so its slot in the staleness budget is handed back and the trainer can
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
 
-
-@dataclass
-class StalenessCounters:
-    """A snapshot of the manager's counters (crosses process boundaries in stats)."""
-
-    version: int
-    enqueued: int
-    running: int
-    accepted: int
-    rejected: int
-    capacity: int
+from asyncwebrl.rollout.stats import AdmissionStats
 
 
 class StalenessManager:
@@ -143,9 +132,9 @@ class StalenessManager:
             self._running_by.clear()
             self._accepted_by.clear()
 
-    def snapshot(self) -> StalenessCounters:
+    def snapshot(self) -> AdmissionStats:
         with self._lock:
-            return StalenessCounters(
+            return AdmissionStats(
                 version=self._version,
                 enqueued=self.enqueued,
                 running=self.running,
@@ -154,5 +143,3 @@ class StalenessManager:
                 capacity=self._capacity(self._version),
             )
 
-    def as_dict(self) -> dict:
-        return asdict(self.snapshot())

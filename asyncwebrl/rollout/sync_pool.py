@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncwebrl.rollout.executor import ExecutorStats
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.hosts import RolloutSpec
+from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class SyncRolloutPool:
             log.warning("sync round: rollout of %s failed: %r", task.group_key, e)
             return None, time.monotonic() - t0
         if not g.trajectories or all(t.failed for t in g.trajectories):
+            self.failed_trajectories += len(g.trajectories)  # discarded, but its episodes still count
             return None, time.monotonic() - t0
         g.submit_version = self._version
         return g, time.monotonic() - t0
@@ -182,6 +183,12 @@ class SyncRolloutPool:
     def set_version(self, version: int) -> None:
         self._version = version
 
+    def set_task_weights(self, weights: dict[str, float] | None) -> None:
+        setter = getattr(self.tasks, "set_weights", None)
+        if setter is None:
+            raise TypeError(f"task source {type(self.tasks).__name__} takes no sampling weights")
+        setter(weights)
+
     def reseed(self, version: int) -> None:
         self._version = version
 
@@ -192,31 +199,32 @@ class SyncRolloutPool:
         target = self._version + 1 if new_version is None else new_version
         return RefreshBracket(self).refresh(target, fn)[1]
 
-    def stats(self) -> dict:
+    def stats(self) -> RolloutStats:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
         # slot-time: B slots exist for the whole run; they are busy only while their group runs
         slot_s = self.batch_size * elapsed
-        return {
-            "version": self._version,
-            "elapsed_s": elapsed,
-            "rounds": self.rounds,
-            "consumed_groups": self.consumed_groups,
-            "consumed_trajectories": self.consumed_trajectories,
-            "trajectories_per_s": self.consumed_trajectories / elapsed if elapsed > 0 else 0.0,
-            "dropped_stale": 0,
-            "staleness_hist": {0: self.consumed_groups} if self.consumed_groups else {},
-            "rollout_idle_fraction": max(0.0, 1 - self.busy_slot_s / slot_s) if slot_s > 0 else 0.0,
-            "round_tail_idle_fraction": max(0.0, 1 - self.busy_slot_s / self.round_slot_s) if self.round_slot_s else 0.0,
-            "trainer_wait_s": self.wait_s,
-            "warmup_s": self.warmup_s,
-            "paused_s": self.paused_s,
-            "failed_rollouts": self.failed,
-            "failed_trajectories": self.failed_trajectories,
-        }
-
-    def executor_stats(self) -> ExecutorStats:
-        elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
-        return ExecutorStats(name="sync-pool", slots=self.batch_size, admitted=self.consumed_groups + self.failed,
+        pool = ExecutorStats(name="sync-pool", slots=self.batch_size, admitted=self.consumed_groups + self.failed,
                              completed=self.consumed_groups, failed=self.failed, cancelled=0,
                              trajectories=self.consumed_trajectories, failed_trajectories=self.failed_trajectories,
                              pending_results=0, busy_s=self.busy_slot_s, elapsed_s=elapsed, paused=self.gate.paused)
+        return RolloutStats(
+            mode="sync",
+            version=self._version,
+            elapsed_s=elapsed,
+            consumed_groups=self.consumed_groups,
+            consumed_trajectories=self.consumed_trajectories,
+            received_groups=self.consumed_groups,
+            pending_groups=0,
+            dropped_stale=0,
+            staleness_hist={0: self.consumed_groups} if self.consumed_groups else {},
+            rollout_idle_fraction=max(0.0, 1 - self.busy_slot_s / slot_s) if slot_s > 0 else 0.0,
+            trainer_wait_s=self.wait_s,
+            paused_s=self.paused_s,
+            failed_rollouts=self.failed,
+            failed_episodes=self.failed_trajectories,
+            rounds=self.rounds,
+            warmup_s=self.warmup_s,
+            round_tail_idle_fraction=(max(0.0, 1 - self.busy_slot_s / self.round_slot_s)
+                                      if self.round_slot_s else 0.0),
+            workers=[pool],
+        )

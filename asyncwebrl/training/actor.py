@@ -27,6 +27,7 @@ from torch import nn
 
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import VLMAdapter, load_model
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
@@ -34,6 +35,7 @@ from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_los
 from asyncwebrl.training.samples import (
     TrainSample,
     build_forward_batch,
+    consumed_pixel_keys,
     fetch_pixels,
     micro_batches,
     samples_from_groups,
@@ -91,7 +93,7 @@ def _decoder_layers(hf: nn.Module) -> list[nn.Module]:
 class FSDPActor:
     """One trainer rank. world_size=1 runs the same code without a process group or sharding."""
 
-    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = LOOPBACK,
                  master_port: int = 29500, device: str = "cpu", init_timeout_s: float = 300.0):
         cfg.validate()
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -231,7 +233,9 @@ class FSDPActor:
     def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
                    free_pixels: bool = False) -> dict[str, float]:
         """One PPO training step on the global batch (every rank passes the same batch). Returns the
-        metrics of the whole global batch on every rank; the version is incremented."""
+        metrics of the whole global batch on every rank; the version is incremented. With `free_pixels`
+        rank 0 frees every PixelStore reference the batch holds once the update is done (the batch is
+        consumed; `TrainerRank` always asks for it)."""
         t0 = time.perf_counter()
         cfg = self.cfg
         samples = self.prepare(batch)
@@ -288,7 +292,10 @@ class FSDPActor:
         self.version += 1
         self.step += 1
         if free_pixels and pixel_store is not None and self.rank == 0:
-            pixel_store.free(sorted({k for s in samples for k in s.pixel_keys}))
+            # one free per reference: the batch is consumed, its screenshots go back to the store
+            keys = consumed_pixel_keys(batch)
+            if keys:
+                pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
     def _clip_and_step(self) -> float:

@@ -84,6 +84,19 @@ def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...], table_id: str = "
     return "".join(out) + "</tbody></table>"
 
 
+def _task_sampling(d: RunData) -> str:
+    """Per-task success EMA, sampling share and consumed groups at the last step (kind=curriculum)."""
+    if not d.curriculum:
+        return ""
+    last = d.curriculum[-1]
+    tasks = sorted({k.split(".", 1)[1] for k in last if "." in k and k.split(".", 1)[0] in ("share", "success")})
+    rows = [(t, last.get(f"success.{t}", "not seen"), last.get(f"share.{t}"), last.get(f"groups.{t}"))
+            for t in tasks]
+    mode = (d.summary or {}).get("task_sampling", "")
+    head = f"<h3>Task sampling{' (' + _esc(mode) + ')' if mode else ''} at step {_esc(last.get('step', '?'))}</h3>"
+    return head + _table(rows, ("task", "success (EMA)", "sampling share", "groups consumed"), "task-sampling")
+
+
 def _overview(d: RunData) -> str:
     parts = ['<section id="overview"><h2>Overview</h2>']
     if d.is_empty:
@@ -102,6 +115,11 @@ def _overview(d: RunData) -> str:
         rows = [(t, v.get("success_rate") if isinstance(v, dict) else v) for t, v in sorted(latest_eval["per_task"].items())]
         parts.append(f"<h3>Latest evaluation per task (version {_esc(latest_eval.get('version', '?'))})</h3>"
                      + _table(rows, ("task", "success rate"), "eval-per-task"))
+        held = latest_eval.get("heldout_per_task")
+        if isinstance(held, dict) and held:
+            parts.append("<h3>Held-out tasks (never trained on), same evaluation</h3>"
+                         + _table(sorted(held.items()), ("task", "success rate"), "eval-heldout"))
+    parts.append(_task_sampling(d))
     if d.problems:
         parts.append('<h3>Could not read</h3><ul class="problems">'
                      + "".join(f"<li>{_esc(p)}</li>" for p in d.problems[:50]) + "</ul>")

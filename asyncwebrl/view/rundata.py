@@ -57,6 +57,8 @@ class RunData:
     """metrics.jsonl records with kind=train, in file order"""
     eval: list[dict[str, Any]] = field(default_factory=list)
     rollout: list[dict[str, Any]] = field(default_factory=list)
+    curriculum: list[dict[str, Any]] = field(default_factory=list)
+    """metrics.jsonl records with kind=curriculum (per-task success EMA and sampling share per step)"""
     summary_metrics: list[dict[str, Any]] = field(default_factory=list)
     """metrics.jsonl records with kind=summary"""
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -82,7 +84,7 @@ def _load_metrics(data: RunData) -> None:
             continue
         kind = rec.get("kind")
         bucket = {"train": data.train, "eval": data.eval, "rollout": data.rollout,
-                  "summary": data.summary_metrics}.get(kind)
+                  "curriculum": data.curriculum, "summary": data.summary_metrics}.get(kind)
         if bucket is not None:
             bucket.append(rec)
 

@@ -3,12 +3,14 @@
 Grammars (case-insensitive; the FIRST action found in the text counts, so a model may write
 "Action: click [3]" or add prose around it):
   WebGym style     Click [x, y] | Click [12] | Type [x, y] [text] | Type [12] [text] |
-                   Scroll [WINDOW|x, y|12] [up|down] | GoBack | Wait | ANSWER [text]
-  BrowserGym style click('12') | fill('12', 'text') | mouse_click(x, y) | scroll(dx, dy) |
-                   send_msg_to_user('text') | go_back() | noop()
+                   Select [12] [option] | Scroll [WINDOW|x, y|12] [up|down] | GoBack | Wait |
+                   ANSWER [text]
+  BrowserGym style click('12') | fill('12', 'text') | select_option('12', 'option') |
+                   mouse_click(x, y) | scroll(dx, dy) | send_msg_to_user('text') | go_back() | noop()
 
 Action dicts: {"type": "click", "element": 12} or {"type": "click", "x": .., "y": ..};
-{"type": "type", ("element" | "x","y"), "text"}; {"type": "scroll", ("element" | "x","y" | none),
+{"type": "type", ("element" | "x","y"), "text"}; {"type": "select", "element", "option"} (a choice
+in a drop-down list, by its text or value); {"type": "scroll", ("element" | "x","y" | none),
 "direction"} or {"type": "scroll", "dx", "dy"}; {"type": "go_back"}; {"type": "wait"};
 {"type": "answer", "text"}. Coordinates stay in the model's space (pixels or 0-1000); the executor
 maps them with the env's coord_mode.
@@ -39,6 +41,7 @@ _Q = r"""(?:'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)")"""  # a single- or double-q
 _PATTERNS: list[tuple[str, re.Pattern]] = [
     ("bg_click", re.compile(r"\bclick\(\s*" + _Q + r"\s*\)", re.I)),
     ("bg_fill", re.compile(r"\bfill\(\s*" + _Q + r"\s*,\s*" + _Q + r"\s*\)", re.I)),
+    ("bg_select", re.compile(r"\bselect_option\(\s*" + _Q + r"\s*,\s*" + _Q + r"\s*\)", re.I)),
     ("bg_mouse", re.compile(r"\bmouse_click\(\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*\)", re.I)),
     ("bg_scroll", re.compile(r"\bscroll\(\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*\)", re.I)),
     ("bg_msg", re.compile(r"\bsend_msg_to_user\(\s*" + _Q + r"\s*\)", re.I)),
@@ -48,6 +51,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
     ("click_id", re.compile(r"\bclick\s*\[\s*(\d{1,6})\s*\]", re.I)),
     ("type_xy", re.compile(r"\btype\s*\[\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*\]\s*\[(.*?)\]", re.I | re.S)),
     ("type_id", re.compile(r"\btype\s*\[\s*(\d{1,6})\s*\]\s*\[(.*?)\]", re.I | re.S)),
+    ("select_id", re.compile(r"\bselect\s*\[\s*(\d{1,6})\s*\]\s*\[(.*?)\]", re.I | re.S)),
     ("scroll_win", re.compile(r"\bscroll\s*\[\s*window\s*\]\s*\[\s*(up|down)\s*\]", re.I)),
     ("scroll_xy", re.compile(r"\bscroll\s*\[\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*\]\s*\[\s*(up|down)\s*\]", re.I)),
     ("scroll_id", re.compile(r"\bscroll\s*\[\s*(\d{1,6})\s*\]\s*\[\s*(up|down)\s*\]", re.I)),
@@ -81,6 +85,13 @@ def _build(kind: str, m: re.Match) -> dict[str, Any] | None:
         if not (s.isdigit() and len(s) <= 6):
             return None
         return {"type": "type", "element": int(s), "text": _unquote(m, 3)[:MAX_TYPE_CHARS]}
+    if kind == "bg_select":
+        s = _unquote(m, 1).strip()
+        if not (s.isdigit() and len(s) <= 6):
+            return None
+        return {"type": "select", "element": int(s), "option": _unquote(m, 3).strip()[:MAX_TYPE_CHARS]}
+    if kind == "select_id":
+        return {"type": "select", "element": int(m.group(1)), "option": m.group(2).strip()[:MAX_TYPE_CHARS]}
     if kind in ("bg_mouse", "click_xy"):
         x, y = _num(m.group(1)), _num(m.group(2))
         return None if x is None or y is None else {"type": "click", "x": x, "y": y}
@@ -142,6 +153,8 @@ def format_action(action: dict[str, Any]) -> str:
     if t == "type":
         where = f"[{action['element']}]" if "element" in action else f"[{_fmt(action['x'])}, {_fmt(action['y'])}]"
         return f"type {where} [{action['text']}]"
+    if t == "select":
+        return f"select [{action['element']}] [{action['option']}]"
     if t == "scroll":
         if "dx" in action:
             return f"scroll({_fmt(action['dx'])}, {_fmt(action['dy'])})"
@@ -202,6 +215,20 @@ async def execute_action(page, action: dict[str, Any], elements: list[dict[str, 
                          coord_mode: str, width: int, height: int, wait_s: float = 0.2) -> tuple[bool, str]:
     """Run one action with real input events. (executed, reason-if-not)."""
     t = action.get("type")
+    if t == "select":
+        if "element" not in action:
+            return False, "select needs an element id: select [id] [option]"
+        el = element_by_id(elements, action["element"])
+        if el is None:
+            return False, f"no element [{action['element']}] on the page"
+        why = await page.evaluate("([i, o]) => window.__awr ? window.__awr.select(i, o) : 'page not ready'",
+                                  [int(action["element"]), str(action.get("option", ""))])
+        return (False, why) if why else (True, "")
+    if t == "type" and "element" in action:
+        el = element_by_id(elements, action["element"])
+        if el is not None and "options" in el:
+            return False, (f"element [{action['element']}] is a drop-down list: typing does not choose an "
+                           f"option; use select [{action['element']}] [option]")
     if t in ("click", "type") or (t == "scroll" and ("element" in action or "x" in action)):
         target = _point(action, elements, coord_mode, width, height)
         if isinstance(target, str):

@@ -2,7 +2,9 @@
 web-like env alike), so the loop code path is the same for all of them.
 
 Invariant: `step` never raises for a bad action; it reports `invalid=True` and the episode goes on.
-Environment faults (crashed browser) raise `EnvCrashed`; the episode is then reported failed.
+Environment faults raise `EnvCrashed` (a crashed browser; `EnvDeadline`: a call that missed its
+deadline; `SiteUnreachable`: the page the agent went to cannot be reached); the episode is then
+reported failed and counted, and the environment is replaced.
 """
 
 from __future__ import annotations
@@ -10,9 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncwebrl.web.fence import BlockedRequest
+
 
 class EnvCrashed(RuntimeError):
     """The environment broke under the episode (browser or page crash); the episode failed."""
+
+
+class EnvDeadline(EnvCrashed):
+    """An env call (reset/step) did not finish within its deadline: a page that never yields its main
+    thread, a site that never answers. The session is discarded."""
+
+
+class SiteUnreachable(EnvCrashed):
+    """An allowed site did not answer or its name did not resolve: the episode cannot be judged."""
 
 
 @dataclass
@@ -56,6 +69,11 @@ class StepResult:
     invalid: bool = False
     """the action could not be executed (bad element id, off-screen, not allowed)"""
     screenshot_unchanged: bool = False
+    no_effect: bool = False
+    """the action ran but changed nothing observable (page, focus, URL, form state, screenshot), or it
+    cannot act on its target (e.g. typing into a <select>); `info['error']` says which"""
+    blocked: list[BlockedRequest] = field(default_factory=list)
+    """connections the network fence refused (or found unreachable) since the previous step"""
     info: dict[str, Any] = field(default_factory=dict)
 
 

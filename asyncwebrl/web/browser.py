@@ -1,29 +1,35 @@
-"""The browser session pool: one Chromium process hosting many isolated contexts, reused across
-episodes, recycled periodically, relaunched after a crash, and fenced by a navigation policy.
+"""The browser session pool: one Chromium process hosting many isolated contexts, a fresh context per
+episode by default, relaunched after a crash, every context behind the network fence.
 
 Invariants:
-- A `BrowserSession` (one context + one page) belongs to exactly one environment at a time; it is
-  reused across that environment's episodes and replaced after `recycle_context_every` episodes, so
-  renderer memory stays flat over long runs.
-- Every request a page makes passes `NavigationPolicy.permits` (request routing): only the task's
-  allowed origins are reachable; file://, chrome:// and private address ranges are refused unless a
-  task allows them explicitly. Downloads are refused, window.open returns null, popups are closed.
+- A `BrowserSession` (one context + one page) belongs to exactly one environment at a time. It serves
+  `recycle_context_every` episodes (default 1: every episode starts in a fresh context, so nothing a
+  page stored — cookies, localStorage, IndexedDB, caches — carries over to the next episode).
+- Every connection a context opens goes through its own gate of the `NetworkFence`
+  (asyncwebrl/web/fence.py), which checks the resolved address against the session's
+  `NavigationPolicy`; refusals are recorded on the session for the step result. WebRTC may use only
+  proxied TCP (so the fence sees it too); downloads are refused, window.open returns null, popups
+  are closed.
 - A dead browser or page is never hidden: operations on it raise `EnvCrashed`, and the next
-  `acquire()` relaunches the browser, so one crash costs one episode, not the pool.
+  `acquire()` relaunches the browser, so one crash costs one episode, not the pool. A session that
+  missed a deadline is marked dead too and never reused.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from asyncwebrl.web.base import EnvCrashed
+from asyncwebrl.web.base import EnvCrashed, EnvDeadline
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.fence import BlockedRequest, NavigationPolicy, NetworkFence, Resolver
 from asyncwebrl.web.observe import RUNTIME_JS
+
+__all__ = ["BlockedRequest", "BrowserPool", "BrowserSession", "NavigationPolicy", "browser_root_pids"]
 
 log = logging.getLogger(__name__)
 
@@ -36,99 +42,129 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
     "--disable-dev-shm-usage",
+    # WebRTC: no UDP that bypasses the proxy; its TCP relay goes through the context's proxy (the fence)
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--dns-prefetch-disable",
 ]
 
-# Runs in every page before its own scripts: no popups through script.
-_NO_POPUPS_JS = "window.open = function () { return null; };"
+# Runs in every page before its own scripts: no popups through script or through target=_blank links
+# and forms (counted, so the step can report them; a window that still opens is closed by the pool).
+_NO_POPUPS_JS = r"""
+(() => {
+  let n = 0;
+  const other = (t) => t && !['_self', '_top', '_parent'].includes(t.toLowerCase());
+  window.open = function () { n++; return null; };
+  addEventListener('click', (e) => {
+    const a = e.target && e.target.closest ? e.target.closest('a[target],area[target]') : null;
+    if (a && other(a.target)) { e.preventDefault(); n++; }
+  }, true);
+  addEventListener('submit', (e) => { if (e.target && other(e.target.target)) { e.preventDefault(); n++; } }, true);
+  Object.defineProperty(window, '__awrTakePopups', {value: () => { const k = n; n = 0; return k; },
+                                                   writable: false, configurable: false, enumerable: false});
+})();
+"""
 
-_ALWAYS_OK_SCHEMES = {"data", "blob", "about"}
+_PROXY_BYPASS = "<-loopback>"
+"""Chromium's bypass rule that REMOVES its implicit bypass of loopback: localhost and 127.0.0.1 go
+through the fence like everything else (given explicitly, Playwright passes it on unchanged)"""
 
 
-def _origin(url: str) -> str:
-    p = urlsplit(url)
-    if not p.scheme or not p.hostname:
-        return ""
-    port = f":{p.port}" if p.port else ""
-    return f"{p.scheme}://{p.hostname}{port}".lower()
-
-
-def _is_private_host(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
+def fence_target_matches(url: str, blocked: BlockedRequest) -> bool:
+    """Whether `blocked` is the fence's record of a request for `url` (an http URL or its tunnel)."""
+    if blocked.target == url:
         return True
+    p = urlsplit(url)
     try:
-        ip = ipaddress.ip_address(host)
+        port = p.port or {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(p.scheme, 0)
     except ValueError:
-        return False  # a name: it cannot be resolved here without the network; the origin list decides
-    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
+        return False
+    host = (p.hostname or "").lower()
+    return blocked.target in (f"{host}:{port}", f"[{host}]:{port}")
 
 
-@dataclass
-class NavigationPolicy:
-    """Which URLs a session may load. `allowed_origins` empty = any public http(s) origin."""
-
-    allowed_origins: list[str] = field(default_factory=list)
-    """exact origins, e.g. 'http://127.0.0.1:8123'; '*' = any public http(s) origin"""
-    allow_private: bool = False
-    """let http(s) reach private/loopback address ranges that are not listed explicitly"""
-    allow_file: bool = False
-    """let file:// URLs load"""
-
-    def __post_init__(self) -> None:
-        self.allowed_origins = [o.rstrip("/").lower() for o in self.allowed_origins]
-
-    def permits(self, url: str) -> tuple[bool, str]:
-        """(allowed, reason) for one URL."""
-        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        if scheme in _ALWAYS_OK_SCHEMES:
-            return True, ""
-        if scheme == "file":
-            return (True, "") if self.allow_file else (False, "file:// is blocked")
-        if scheme not in ("http", "https"):
-            return False, f"scheme '{scheme}:' is blocked"
-        origin = _origin(url)
-        if origin in self.allowed_origins:
-            return True, ""
-        host = urlsplit(url).hostname or ""
-        if _is_private_host(host) and not self.allow_private:
-            return False, f"private address {host} is blocked"
-        if not self.allowed_origins or "*" in self.allowed_origins:
-            return True, ""
-        return False, f"origin {origin} is not among the task's allowed origins"
+async def within_deadline(coro, seconds: float, what: str, session_of: Callable[[], BrowserSession | None]):
+    """Await `coro` for at most `seconds`; on a miss the session `session_of()` names then is marked
+    dead (never reused) and `EnvDeadline` says which call missed. Timeouts raised inside the call
+    propagate unchanged."""
+    cm = asyncio.timeout(seconds)
+    try:
+        async with cm:
+            return await coro
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        session = session_of()
+        if session is not None:
+            session.crashed = True
+        raise EnvDeadline(f"{what} did not finish within its {seconds:g} s deadline (a page that never "
+                          "yields, or a site that never answers); the browser context is discarded") from None
 
 
 class BrowserSession:
     """One isolated context with one page, on loan to one environment."""
 
-    def __init__(self, pool: BrowserPool, context, page, generation: int):
+    def __init__(self, pool: BrowserPool, context, page, generation: int, gate_port: int | None = None):
         self.pool = pool
         self.context = context
         self.page = page
         self.generation = generation
         """browser launch number this session lives in (a relaunch invalidates older sessions)"""
+        self.gate_port = gate_port
+        """this context's gate of the network fence"""
         self.policy = NavigationPolicy()
         self.viewport: dict[str, int] = {}
         self.episodes = 0
         self.crashed = False
-        self.blocked: list[str] = []
-        """URLs refused by the policy since the last `take_blocked()`"""
-        self.blocked_navigation = False
-        """the main frame tried to navigate to a refused URL"""
+        self._lock = threading.Lock()  # the fence records from its own thread
+        self._blocked: list[BlockedRequest] = []
+        self.popups = 0
+        """popups closed since the last `take_blocked()`"""
+        self._navigations: list[str] = []
         page.on("crash", lambda *_: self._mark_crashed())
         page.on("close", lambda *_: self._mark_crashed())
+        page.on("request", self._on_request)
         context.on("page", self._on_popup)
 
     def _mark_crashed(self) -> None:
         self.crashed = True
 
+    def _on_request(self, request) -> None:
+        try:
+            if request.is_navigation_request() and request.frame == self.page.main_frame:
+                with self._lock:
+                    self._navigations.append(request.url)
+        except Exception:  # requests without a frame (workers) are not page navigations
+            pass
+
     async def _on_popup(self, page) -> None:
-        if page is self.page:
+        if page is self.page or getattr(page, "_awr_counted", False):
             return
-        self.blocked.append("popup")
+        page._awr_counted = True
+        self.popups += 1
         try:
             await page.close()
         except Exception:  # the popup may already be gone
             pass
+
+    async def close_popups(self) -> None:
+        """Count the popups the page tried to open (refused in the page) and close any window besides
+        the session's page that is still open now."""
+        try:
+            self.popups += int(await self.page.evaluate(
+                "() => window.__awrTakePopups ? window.__awrTakePopups() : 0"))
+        except Exception:  # a page mid-navigation: nothing counted this time
+            if self.page.is_closed():
+                raise
+        for p in list(self.context.pages):
+            if p is not self.page:
+                await self._on_popup(p)
+
+    def record_blocked(self, item: BlockedRequest) -> None:
+        """Called by the fence (from its thread) for every refused or unreachable connection."""
+        log.debug("fence: %s %s (%s)", item.kind, item.target, item.reason)
+        with self._lock:
+            self._blocked.append(item)
 
     def alive(self) -> bool:
         return (not self.crashed and not self.page.is_closed() and self.pool.connected()
@@ -138,84 +174,24 @@ class BrowserSession:
         if not self.alive():
             raise EnvCrashed("browser or page died during the episode")
 
-    def take_blocked(self) -> list[str]:
-        out, self.blocked = self.blocked, []
+    def take_blocked(self) -> list[BlockedRequest]:
+        """The fence's records since the last call (popups closed count as refused 'popup' targets)."""
+        with self._lock:
+            out, self._blocked = self._blocked, []
+        if self.popups:
+            out += [BlockedRequest("popup", "refused", "new windows are closed")] * self.popups
+            self.popups = 0
         return out
 
-    async def undo_blocked_navigation(self, last_url: str) -> bool:
-        """If the main frame tried to navigate somewhere refused, put it back on `last_url` (after the
-        browser has committed its error page, which otherwise lands after we look); True if it did."""
-        if not self.blocked_navigation:
-            return False
-        self.blocked_navigation = False
-        for _ in range(20):
-            if self.page.url.startswith("chrome-error:") or self.page.url != last_url:
-                break
-            await asyncio.sleep(0.05)
-        if self.page.url != last_url:
-            await self.page.goto(last_url, wait_until="load", timeout=30_000)
-        self.blocked_navigation = False
-        return True
+    def has_navigations(self) -> bool:
+        with self._lock:
+            return bool(self._navigations)
 
-    async def _route(self, route) -> None:
-        ok, reason = self.policy.permits(route.request.url)
-        if ok and route.request.is_navigation_request():
-            # Playwright routes only the first URL of a redirect chain: fetch navigations without
-            # following redirects, and check each Location against the policy before the browser goes there
-            # (the browser follows a fulfilled redirect unrouted too, so the whole chain is walked first)
-            from urllib.parse import urljoin
-
-            resp = hop = await route.fetch(max_redirects=0)
-            url = route.request.url
-            for _ in range(10):
-                location = hop.headers.get("location") if 300 <= hop.status < 400 else None
-                if location is None:
-                    break
-                url = urljoin(url, location)
-                ok, reason = self.policy.permits(url)
-                if not ok:
-                    route = _RedirectRefusal(route, url)
-                    break
-                hop = await route.fetch(url=url, method="GET", max_redirects=0)
-            else:
-                ok, reason = False, "more than 10 redirects"
-            if ok:
-                await route.fulfill(response=resp)
-                return
-        if ok:
-            await route.continue_()
-        else:
-            self.blocked.append(route.request.url)
-            try:
-                if route.request.is_navigation_request() and route.request.frame == self.page.main_frame:
-                    self.blocked_navigation = True
-            except Exception:  # requests without a frame (workers) are not page navigations
-                pass
-            log.debug("blocked %s: %s", route.request.url, reason)
-            await route.abort("blockedbyclient")
-
-
-class _RedirectRefusal:
-    """A route whose redirect target was refused: reported (and blocked) under the target's URL."""
-
-    def __init__(self, route, target: str):
-        self._route, self.target = route, target
-        self.request = _RequestAs(route.request, target)
-
-    async def abort(self, code: str) -> None:
-        await self._route.abort(code)
-
-
-class _RequestAs:
-    def __init__(self, request, url: str):
-        self._request, self.url = request, url
-
-    def is_navigation_request(self) -> bool:
-        return self._request.is_navigation_request()
-
-    @property
-    def frame(self):
-        return self._request.frame
+    def take_navigations(self) -> list[str]:
+        """URLs the main frame requested (each redirect hop too) since the last call."""
+        with self._lock:
+            out, self._navigations = self._navigations, []
+        return out
 
 
 class BrowserPool:
@@ -227,8 +203,11 @@ class BrowserPool:
 
     _shared: dict[int, BrowserPool] = {}
 
-    def __init__(self, env_cfg: EnvConfig | None = None):
+    def __init__(self, env_cfg: EnvConfig | None = None, resolver: Resolver | None = None):
+        """resolver: how the fence resolves host names (default the system's; tests inject one)."""
         self.cfg = env_cfg or EnvConfig()
+        self._resolver = resolver
+        self.fence: NetworkFence | None = None
         self._pw = None
         self._browser = None
         self._lock = asyncio.Lock()
@@ -239,6 +218,8 @@ class BrowserPool:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         """the loop the browser was launched from (Playwright objects are bound to it)"""
+        self._pid: int | None = None
+        """process id of the browser of the current launch"""
 
     @classmethod
     def shared(cls, env_cfg: EnvConfig | None = None) -> BrowserPool:
@@ -261,6 +242,8 @@ class BrowserPool:
                 f"Chromium binary not found at {self.cfg.headless_shell}; install chromium-headless-shell "
                 "(make setup) or set env.headless_shell"
             )
+        if self.fence is None:
+            self.fence = NetworkFence(self._resolver)
         if self._pw is None:
             from playwright.async_api import async_playwright
 
@@ -272,29 +255,25 @@ class BrowserPool:
                 await self._browser.close()
             except Exception:
                 pass
+        # a switch Chromium ignores but keeps on its command line: it names THIS launch, so the pid
+        # found below is this pool's browser, never another pool's in the same process
+        marker = f"--asyncwebrl-pool={os.getpid()}-{id(self):x}-{self.launches + 1}"
         self._browser = await asyncio.wait_for(
-            self._pw.chromium.launch(executable_path=self.cfg.headless_shell, args=CHROMIUM_ARGS,
-                                     handle_sigint=False, handle_sigterm=False, handle_sighup=False),
+            self._pw.chromium.launch(
+                executable_path=self.cfg.headless_shell, args=[*CHROMIUM_ARGS, marker],
+                # anything not in a context of ours (there should be nothing) meets a gate that refuses all
+                proxy={"server": f"http://127.0.0.1:{self.fence.deny_port}", "bypass": _PROXY_BYPASS},
+                handle_sigint=False, handle_sigterm=False, handle_sighup=False),
             timeout=60,
         )
+        self._pid = _pid_with_marker(self.cfg.headless_shell, marker)
         self.generation += 1
         self.launches += 1
 
     def browser_pid(self) -> int | None:
-        """Process id of the browser (for memory accounting and crash tests)."""
-        import psutil
-
-        if not self.connected():
-            return None
-        me = psutil.Process()
-        for p in me.children(recursive=True):
-            try:
-                cmd = p.cmdline()
-            except psutil.Error:
-                continue
-            if cmd and cmd[0] == self.cfg.headless_shell and not any(a.startswith("--type=") for a in cmd):
-                return p.pid
-        return None
+        """Process id of the browser this pool launched (recorded at launch; None when it is not
+        running). Used for memory accounting and crash tests."""
+        return self._pid if self.connected() else None
 
     async def acquire(self, previous: BrowserSession | None = None, cfg: EnvConfig | None = None) -> BrowserSession:
         """A session ready for an episode: `previous` itself while it is healthy and young, else a new one.
@@ -307,25 +286,29 @@ class BrowserPool:
             if (previous.alive() and previous.episodes < max(1, cfg.recycle_context_every)
                     and previous.viewport == viewport):
                 return previous
+            was_alive = previous.alive()
             await self.release(previous)
-            if previous.alive():
+            if was_alive:
                 self.sessions_recycled += 1
         async with self._lock:
             await self._ensure_browser()
+            port = await self.fence.open_gate()  # refuses all until bound
             try:
                 context = await asyncio.wait_for(self._browser.new_context(
                     viewport=viewport,
                     accept_downloads=False,
                     service_workers="block",
                     java_script_enabled=True,
+                    proxy={"server": f"http://127.0.0.1:{port}", "bypass": _PROXY_BYPASS},
                 ), timeout=30)
                 await context.add_init_script(_NO_POPUPS_JS + "\n" + RUNTIME_JS)
                 page = await context.new_page()
             except Exception as e:
+                await self.fence.close_gate(port)
                 raise EnvCrashed(f"could not open a browser context: {e}") from e
-        session = BrowserSession(self, context, page, self.generation)
+        session = BrowserSession(self, context, page, self.generation, gate_port=port)
+        self.fence.bind_gate(port, session)
         session.viewport = viewport
-        await context.route("**/*", session._route)
         page.set_default_timeout(10_000)
         self.sessions_created += 1
         return session
@@ -333,10 +316,13 @@ class BrowserPool:
     async def release(self, session: BrowserSession | None) -> None:
         if session is None:
             return
+        session.crashed = True  # never handed out again
         try:
             await asyncio.wait_for(session.context.close(), timeout=10)
         except Exception:  # context of a dead browser: nothing left to close
             pass
+        if self.fence is not None and session.gate_port is not None:
+            await self.fence.close_gate(session.gate_port)
 
     async def close(self) -> None:
         self._closed = True
@@ -355,6 +341,24 @@ class BrowserPool:
             except Exception:
                 pass
             self._pw = None
+        if self.fence is not None:
+            await asyncio.to_thread(self.fence.close)
+            self.fence = None
+
+
+def _pid_with_marker(headless_shell: str, marker: str) -> int | None:
+    """The main (non --type=) Chromium process among this process's descendants whose command line
+    holds `marker`."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[0] == headless_shell and marker in cmd and not any(a.startswith("--type=") for a in cmd):
+            return p.pid
+    return None
 
 
 def browser_root_pids(headless_shell: str) -> list[int]:

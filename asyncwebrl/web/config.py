@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+
+@dataclass(kw_only=True)
+class TaskSamplingConfig:
+    """How the rollout workers pick the next task (asyncwebrl.rollout.curriculum has the formulas)."""
+
+    mode: Literal["uniform", "adaptive"] = "uniform"
+    """uniform = shuffled passes over the tasks; adaptive = priority p(1-p) from each task's success EMA"""
+    epsilon: float = 0.05
+    """productive zone [epsilon, 1-epsilon] of the success EMA; outside it a task keeps only the floor"""
+    ema_alpha: float = 0.3
+    """weight of the newest consumed group in a task's success EMA"""
+    floor: float = 0.2
+    """exploration share spread evenly over all tasks, so no task starves"""
+    min_groups: int = 1
+    """consumed groups a task needs before its own estimate counts (before: top priority)"""
+
+    def validate(self) -> None:
+        if not 0 <= self.epsilon < 0.5:
+            raise ValueError("env.task_sampling.epsilon must be in [0, 0.5)")
+        if not 0 < self.ema_alpha <= 1:
+            raise ValueError("env.task_sampling.ema_alpha must be in (0, 1]")
+        if not 0 < self.floor <= 1:
+            raise ValueError("env.task_sampling.floor must be in (0, 1] (0 would let a task starve)")
+        if self.min_groups < 0:
+            raise ValueError("env.task_sampling.min_groups must be >= 0")
 
 
 @dataclass(kw_only=True)
@@ -15,6 +41,8 @@ class EnvConfig:
     """task subset name (miniwob-easy, miniwob-all, ...) or a comma-separated list of task names"""
     task_file: str | None = None
     """WebGym-style JSONL task file (env.type=webgym)"""
+    task_sampling: TaskSamplingConfig = field(default_factory=TaskSamplingConfig)
+    """how the next training task is chosen (uniform or adaptive)"""
     max_steps: int = 4
     """step budget of one episode"""
     viewport_width: int = 160
@@ -33,10 +61,14 @@ class EnvConfig:
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
     """reward added for an unparsable or impossible action"""
-    browsers: int = 1
-    """browser processes (each hosts many contexts)"""
-    recycle_context_every: int = 50
-    """episodes before a context is closed and recreated (keeps memory flat)"""
+    recycle_context_every: int = 1
+    """episodes one browser context serves. 1 (default): a fresh context every episode, so nothing a
+    page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the
+    context and ITS STORAGE across episodes (faster resets, episodes not isolated)"""
+    reset_timeout_s: float = 60.0
+    """deadline of one env.reset (page load included); a miss fails the episode (EnvDeadline)"""
+    step_timeout_s: float = 60.0
+    """deadline of one env.step (action, page settle, observation); a miss fails the episode"""
     episode_time_limit_s: float = 600.0
     """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
@@ -56,6 +88,14 @@ class EnvConfig:
     synthetic_replay_dir: str | None = None
     """synthetic env: folder of recorded *.png screenshots shown instead of drawn pages
     (record real MiniWoB++ pages with `asyncwebrl record-screens DIR`)"""
+    synthetic_latency_file: str | None = None
+    """synthetic env: latencies measured on real Chromium (`asyncwebrl record-latency FILE`); steps, resets
+    and each fresh env's first-reset warm-up are drawn from its samples instead of the log-normal"""
+    synthetic_length_median: float | None = None
+    """synthetic env: heavy-tailed episode lengths, log-normal with this median (capped at env.max_steps);
+    None = the success/failure profile"""
+    synthetic_length_sigma: float = 1.0
+    """synthetic env: log-normal sigma of the heavy-tailed episode lengths (1.0: p95 ~ 5x the median)"""
 
     def validate(self) -> None:
         if self.max_steps < 1:
@@ -66,6 +106,8 @@ class EnvConfig:
             raise ValueError("env.viewport_width/height must be >= 32")
         if self.recycle_context_every < 1:
             raise ValueError("env.recycle_context_every must be >= 1")
+        if not (0 < self.reset_timeout_s <= 3600 and 0 < self.step_timeout_s <= 3600):
+            raise ValueError("env.reset_timeout_s and env.step_timeout_s must be in (0, 3600] seconds")
         if self.episode_time_limit_s <= 0:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:
@@ -74,5 +116,13 @@ class EnvConfig:
             folder = Path(self.synthetic_replay_dir)
             if not folder.is_dir() or not any(folder.glob("*.png")):
                 raise ValueError(f"env.synthetic_replay_dir {folder} is not a folder of *.png screenshots")
+        if self.synthetic_length_median is not None and self.synthetic_length_median < 1:
+            raise ValueError("env.synthetic_length_median must be >= 1 (or null)")
+        if self.synthetic_length_sigma < 0:
+            raise ValueError("env.synthetic_length_sigma must be >= 0")
+        if self.synthetic_latency_file is not None and self.type == "synthetic":
+            from asyncwebrl.web.latency import LatencyTable
+
+            LatencyTable.load(self.synthetic_latency_file)  # a clear error now, not in a rollout worker
         if self.type == "webgym" and not self.task_file:
             raise ValueError("env.type=webgym needs env.task_file")

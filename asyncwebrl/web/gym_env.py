@@ -3,7 +3,9 @@
 Importing this module registers `asyncwebrl/miniwob-<task>-v0` for every bundled MiniWoB task
 and `asyncwebrl/webgym-v0` (kwargs: task_file, task_id). Observations are dicts
 {screenshot: HxWx3 uint8, instruction: str, elements: str}; actions are action TEXT in the agent
-grammar (e.g. "click [3]") or an already parsed action dict.
+grammar (e.g. "click [3]", "type [2] [Bob]", "select [4] [Blue]", BrowserGym's "select_option('4',
+'Blue')") or an already parsed action dict. `info` carries `no_effect` (the action changed nothing)
+and `blocked` (connections the network fence refused, as dicts).
 
 Invariant: each wrapper owns one private event loop on a daemon thread (Playwright objects are
 bound to the loop that made them); every call into it has a timeout, and `close()` stops the loop
@@ -13,6 +15,7 @@ and the browser it started.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import string
 import threading
@@ -108,7 +111,8 @@ class BrowserGymEnv(gym.Env):
         self._steps += 1
         truncated = not res.done and self._steps >= self.max_steps
         info = {"success": res.success, "raw_reward": res.raw_reward, "invalid": res.invalid,
-                "screenshot_unchanged": res.screenshot_unchanged, **res.info}
+                "screenshot_unchanged": res.screenshot_unchanged, "no_effect": res.no_effect,
+                "blocked": [dataclasses.asdict(b) for b in res.blocked], **res.info}
         return self._obs(o), float(res.reward), bool(res.done), truncated, info
 
     def render(self):

@@ -1,4 +1,4 @@
-"""MiniWoB++ tasks in a real browser: the `miniwob` package's HTML served on 127.0.0.1, seeded
+"""MiniWoB++ tasks in a real browser: the `miniwob` package's HTML served on loopback, seeded
 episodes started through the task's own JS, reward and done read from the WOB globals.
 
 Invariants: equal (task, seed) give the same episode (`Math.seedrandom(seed)` before
@@ -17,10 +17,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
-from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
+from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy, within_deadline
 from asyncwebrl.web.config import EnvConfig
+from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.observe import MAX_ELEMENTS, draw_set_of_marks, take_screenshot
 
 
@@ -46,14 +48,15 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class StaticServer:
-    """A static file server on 127.0.0.1 (ephemeral port) in a daemon thread."""
+    """A static file server on loopback (ephemeral port) in a daemon thread: the browser that loads the
+    tasks runs in the same process (same node), so loopback always reaches it."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         handler = functools.partial(_QuietHandler, directory=str(self.root))
-        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd = _Server((LOOPBACK, 0), handler)
         self.port = self.httpd.server_address[1]
-        self.origin = f"http://127.0.0.1:{self.port}"
+        self.origin = f"http://{LOOPBACK}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"static-{self.port}", daemon=True)
         self._thread.start()
 
@@ -100,7 +103,8 @@ _START_JS = """([seed, maxMs]) => {
 # One round trip per observation, returned as JSON text (cheaper to cross the protocol than objects).
 _STATE_JS = "(maxN) => JSON.stringify({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, " \
             "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, utterance: core.getUtterance(), " \
-            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : []})"
+            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : [], " \
+            "changes: window.__awr ? window.__awr.changes() : -1})"
 
 
 def task_name(task_id: str) -> str:
@@ -121,6 +125,10 @@ class MiniWoBEnv:
         self._instruction = ""
         self._done = True
         self.steps = 0
+        self._pending_blocked: list[BlockedRequest] = []
+        """fence records from the reset, reported with the first step"""
+        self._changes = -1
+        """the page's change count at the last observation (see observe.RUNTIME_JS)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -136,6 +144,10 @@ class MiniWoBEnv:
 
     async def reset(self, task: Task) -> Observation:
         url = self.task_url(task)
+        return await within_deadline(self._reset(task, url), self.cfg.reset_timeout_s,
+                                     f"reset of {task.task_id}", lambda: self.session)
+
+    async def _reset(self, task: Task, url: str) -> Observation:
         self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = NavigationPolicy([self.server.origin])
@@ -150,7 +162,8 @@ class MiniWoBEnv:
                 ready = await s.page.evaluate("WOB_TASK_READY")
             else:
                 raise EnvCrashed(f"MiniWoB task {task.task_id} did not become ready")
-            s.take_blocked()
+            self._pending_blocked = s.take_blocked()
+            s.take_navigations()
             s.episodes += 1
             self.task, self._done, self.steps = task, False, 0
             obs, _ = await self._observe()
@@ -169,6 +182,7 @@ class MiniWoBEnv:
             _STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0))
         png = await take_screenshot(page)
         self._elements = state["elements"]
+        self._changes = state["changes"]
         if not state["done"]:
             self._instruction = state["utterance"]
         if self.cfg.set_of_marks:
@@ -179,8 +193,12 @@ class MiniWoBEnv:
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.session is None or self.task is None:
             raise RuntimeError("step() before reset()")
+        return await within_deadline(self._step(action), self.cfg.step_timeout_s,
+                                     f"step of {self.task.task_id}", lambda: self.session)
+
+    async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s = self.session
-        prev_png = self._last_png
+        prev_png, prev_changes, prev_url = self._last_png, self._changes, s.page.url
         was_done = self._done
         info: dict[str, Any] = {}
         executed = False
@@ -197,19 +215,24 @@ class MiniWoBEnv:
             info["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             obs, state = await self._observe_or_crash()
             executed = False
-        blocked = s.take_blocked()
-        if blocked:
-            info["blocked"] = blocked
-            executed = False
+        blocked, self._pending_blocked = self._pending_blocked + s.take_blocked(), []
+        s.take_navigations()
         self.steps += 1
         done = bool(state["done"]) or was_done
         raw = float(state["raw"] or 0.0) if done and not was_done else 0.0
         success = done and raw > 0
         self._done = self._done or done
         self._last_png = obs.screenshot
+        no_effect = (executed and not done and action["type"] in ("click", "type", "select", "scroll")
+                     and state["changes"] == prev_changes and obs.url == prev_url and obs.screenshot == prev_png)
+        if no_effect:
+            info.setdefault("error", "the action changed nothing on the page")
+        elif not executed and action is not None and action.get("type") == "type" and "drop-down" in info.get("error", ""):
+            no_effect = True
         res = StepResult(
             reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
-            invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png,
+            invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png, blocked=blocked,
+            no_effect=no_effect,
             info={**info, "discounted_reward": float(state["reward"] or 0.0) if done and not was_done else 0.0,
                   "reason": state.get("reason")},
         )

@@ -41,6 +41,7 @@ ELEMENTS_FN = r"""
   const nameOf = (e) => {
     let n = e.getAttribute('aria-label') || '';
     if (!n && e.labels && e.labels.length) n = e.labels[0].innerText;
+    if (e.tagName === 'SELECT') return (n || e.getAttribute('title') || '').replace(/\s+/g, ' ').trim().slice(0, 40);
     if (!n && (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA'))
       n = e.value || e.getAttribute('placeholder') || '';
     if (!n) n = e.innerText || e.textContent || '';
@@ -49,6 +50,11 @@ ELEMENTS_FN = r"""
     return n.length > 40 ? n.slice(0, 40) : n;
   };
   const seen = new Set(), out = [], kept = [];
+  const selectState = (e, rec) => {
+    const t = (o) => (o.label || o.text || '').replace(/\s+/g, ' ').trim().slice(0, 60);
+    rec.value = e.selectedIndex >= 0 ? t(e.options[e.selectedIndex]) : '';
+    rec.options = Array.from(e.options).slice(0, 20).map(t);
+  };
   const consider = (e) => {
     if (seen.has(e) || out.length >= maxN) return;
     seen.add(e);
@@ -66,6 +72,7 @@ ELEMENTS_FN = r"""
                  box: [Math.round(x), Math.round(y), Math.round(Math.min(W, r.right) - x),
                        Math.round(Math.min(H, r.bottom) - y)]};
     if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
+    if (e.tagName === 'SELECT') selectState(e, rec);
     // a point where the element itself receives the click (siblings may overlap its center)
     const [bx, by, bw, bh] = rec.box;
     for (const [fx, fy] of [[.5, .5], [.25, .25], [.75, .25], [.25, .75], [.75, .75], [.5, .15], [.5, .85], [.15, .5], [.85, .5]]) {
@@ -81,7 +88,7 @@ ELEMENTS_FN = r"""
     if (getComputedStyle(e).cursor === 'pointer' &&
         !(e.parentElement && getComputedStyle(e.parentElement).cursor === 'pointer')) consider(e);
   }
-  return [out, kept, nameOf];
+  return [out, kept, nameOf, selectState];
 }
 """
 
@@ -93,34 +100,56 @@ RUNTIME_JS = r"""
 (() => {
   if (window.__awr) return;
   const extract = """ + ELEMENTS_FN + r""";
-  let dirty = true, cache = null, refs = [], nameOf = null, cachedN = -1;
+  let dirty = true, cache = null, refs = [], nameOf = null, selectState = null, cachedN = -1, changes = 0;
   const NOISE = new Set(['data-tampered', 'data-wob_eps', 'data-wob_ref']);
   const note = (records) => {
     for (const r of records) {
       if (r.type === 'attributes' && NOISE.has(r.attributeName)) continue;
       const t = r.target.nodeType === 1 ? r.target : r.target.parentElement;
       if (t && t.closest && t.closest('#reward-display')) continue;  // MiniWoB's hidden HUD timer
-      dirty = true; return;
+      dirty = true; changes++; return;
     }
   };
   const mo = new MutationObserver(note);
   mo.observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
-  addEventListener('scroll', () => { dirty = true; }, true);
+  addEventListener('scroll', () => { dirty = true; changes++; }, true);
+  for (const ev of ['input', 'change', 'focusin', 'focusout']) addEventListener(ev, () => { changes++; }, true);
   addEventListener('resize', () => { dirty = true; });
   const api = {
     elements(maxN) {
       note(mo.takeRecords());
       if (dirty || maxN !== cachedN || !cache) {
         const r = extract(maxN);
-        cache = r[0]; refs = r[1]; nameOf = r[2]; cachedN = maxN; dirty = false; api.extractions++;
+        cache = r[0]; refs = r[1]; nameOf = r[2]; selectState = r[3]; cachedN = maxN; dirty = false; api.extractions++;
         return cache;
       }
       for (let i = 0; i < refs.length; i++) {
         const e = refs[i], rec = cache[i];
         if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
-        if (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA' || e.tagName === 'SELECT') rec.name = nameOf(e);
+        if (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA') rec.name = nameOf(e);
+        if (e.tagName === 'SELECT') selectState(e, rec);
       }
       return cache;
+    },
+    // how many page changes (DOM mutations, input/change/focus events, scrolls) have happened so far
+    changes() { note(mo.takeRecords()); return changes; },
+    // choose `option` (its text, label or value; exact, then case- and space-insensitive) in the
+    // <select> listed as element `id` of the last element list; returns '' or why not
+    select(id, option) {
+      const e = refs[id - 1];
+      if (!e || !e.isConnected) return `no element [${id}] on the page`;
+      if (e.tagName !== 'SELECT') return `element [${id}] is not a drop-down list (<select>)`;
+      const norm = (x) => (x || '').replace(/\s+/g, ' ').trim().toLowerCase();
+      const opts = Array.from(e.options);
+      let o = opts.find((x) => x.text === option || x.label === option || x.value === option);
+      if (!o) o = opts.find((x) => norm(x.text) === norm(option) || norm(x.value) === norm(option));
+      if (!o) return `element [${id}] has no option "${String(option).slice(0, 40)}"`;
+      if (o.disabled) return `option "${String(option).slice(0, 40)}" is disabled`;
+      e.focus();
+      o.selected = true;
+      e.dispatchEvent(new Event('input', {bubbles: true}));
+      e.dispatchEvent(new Event('change', {bubbles: true}));
+      return '';
     },
     invalidate() { dirty = true; },
     extractions: 0,
@@ -129,16 +158,23 @@ RUNTIME_JS = r"""
 })();
 """
 
-ELEMENTS_CALL = "(n) => JSON.stringify(window.__awr ? window.__awr.elements(n) : [])"
+ELEMENTS_CALL = "(n) => JSON.stringify(window.__awr ? [window.__awr.elements(n), window.__awr.changes()] : [[], -1])"
 """evaluate() expression: the current element list as JSON text (one string crosses the Playwright
-protocol far cheaper than nested objects; empty on pages the runtime could not enter)"""
+protocol far cheaper than nested objects): [element list, page change count]; empty on pages the
+runtime could not enter"""
+
+
+def _element_line(e: dict[str, Any]) -> str:
+    line = f"[{e['id']}] {e['role']} \"{e['name']}\"" + (" (checked)" if e.get("checked") else "")
+    if "options" in e:  # a <select>: its current value and its choices, each on its own
+        line += f" value=\"{e.get('value', '')}\" options: " + " | ".join(e["options"])
+    return line
 
 
 def elements_text(elements: list[dict[str, Any]]) -> str:
-    """One short line per element: `[3] button "Submit"` (what the prompt shows)."""
-    return "\n".join(
-        f"[{e['id']}] {e['role']} \"{e['name']}\"" + (" (checked)" if e.get("checked") else "") for e in elements
-    )
+    """One short line per element: `[3] button "Submit"`; a drop-down list shows its value and its
+    options apart: `[2] combobox "" value="Alpha" options: Alpha | Beta` (what the prompt shows)."""
+    return "\n".join(_element_line(e) for e in elements)
 
 
 def element_by_id(elements: list[dict[str, Any]], eid: int) -> dict[str, Any] | None:

@@ -20,8 +20,8 @@ from asyncwebrl.web.observe import elements_text
 MAX_INSTRUCTION_CHARS = 300
 MAX_HISTORY_LINES = 6
 
-_SYSTEM_ELEMENTS = ("You are a web agent. Reply with exactly one action: click [id] or type [id] [text], "
-                    "using an element id from the list.")
+_SYSTEM_ELEMENTS = ("You are a web agent. Reply with exactly one action: click [id], type [id] [text] or "
+                    "select [id] [option], using an element id from the list.")
 _SYSTEM_COORDS = ("You are a web agent. Reply with exactly one action: click [x, y] or type [x, y] [text], "
                   "with {unit} coordinates on the screenshot.")
 

@@ -10,6 +10,10 @@ what matters for scheduling a web-agent pool:
   episode that stalls a synchronous pool);
 - screenshots: small PNGs drawn from the element list (varied per seed and step), or recorded
   screenshots replayed from a folder;
+- the web-shaped workload (env.synthetic_latency_file, env.synthetic_length_median): step, reset and
+  fresh-session warm-up latencies drawn from samples measured on real Chromium (web/latency.py), and
+  heavy-tailed episode lengths (log-normal, capped at env.max_steps): an episode lasts exactly its
+  drawn length and succeeds when every step made progress;
 - success depends on the action: each step the instruction names one target element of the element
   list; clicking it (by id or by a point inside its box) is progress, so a policy can learn it.
 
@@ -114,6 +118,14 @@ class SyntheticWebEnv:
             if not files:
                 raise ValueError(f"synthetic replay_dir {replay_dir} holds no *.png screenshots")
             self._replay = [f.read_bytes() for f in files]
+        self._latencies = None
+        lat_file = getattr(env_cfg, "synthetic_latency_file", None)
+        if lat_file:
+            from asyncwebrl.web.latency import LatencyTable
+
+            self._latencies = LatencyTable.load(lat_file)
+        self.length_median = getattr(env_cfg, "synthetic_length_median", None)
+        self.length_sigma = float(getattr(env_cfg, "synthetic_length_sigma", 1.0))
         self.task: Task | None = None
         self.closed = False
         self.episodes = 0
@@ -123,6 +135,11 @@ class SyntheticWebEnv:
         """(need, horizon) of a task: correct clicks to succeed, steps before giving up."""
         rng = random.Random(_seed_of("shape", task.task_id, task.seed))
         p = self.profile
+        if self.length_median is not None:
+            n = max(1, round(rng.lognormvariate(math.log(self.length_median), self.length_sigma)))
+            cap = task.max_steps if task.max_steps and task.max_steps > 0 else n
+            n = min(n, cap)
+            return n, n
         need = 1 + round(rng.expovariate(1.0 / max(p.success_steps - 1, 1e-9))) if p.success_steps > 1 else 1
         # the base horizon is set so that the mean INCLUDING the long tail is failure_steps
         base = p.failure_steps / (1 + p.long_tail_prob * (p.long_tail_factor - 1))
@@ -179,6 +196,11 @@ class SyntheticWebEnv:
         self._steps = 0
         self.episodes += 1
         reset_s = self.step_latency_s if self.profile.reset_latency_ms is None else self.profile.reset_latency_ms / 1000
+        if self._latencies is not None:
+            if self.episodes == 1:
+                await asyncio.sleep(self._latencies.draw("warmup", self._latency_rng))
+            await asyncio.sleep(self._latencies.draw("reset", self._latency_rng))
+            return self._observe(0)
         if self.episodes == 1 and self.profile.warmup_ms > 0:
             await asyncio.sleep(self.profile.warmup_ms / 1000)
         await self._latency(reset_s)
@@ -206,7 +228,10 @@ class SyntheticWebEnv:
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.task is None:
             raise RuntimeError("SyntheticWebEnv.step before reset")
-        await self._latency(self.step_latency_s)
+        if self._latencies is not None:
+            await asyncio.sleep(self._latencies.draw("step", self._latency_rng))
+        else:
+            await self._latency(self.step_latency_s)
         self._steps += 1
         invalid = False
         if not isinstance(action, dict) or action.get("type") not in ("click", "type", "scroll", "wait", "go_back", "answer"):

@@ -1,12 +1,17 @@
 """Task registry (named MiniWoB subsets) and the deterministic task sampler the trainer checkpoints.
 
-Invariant: the i-th task a `TaskSampler` hands out is a pure function of (its task list, seed, i),
-so `state_dict()` = {seed, count} is enough to resume exactly where a checkpoint left off.
+Invariant: the i-th task a `TaskSampler` hands out is a pure function of (its task list, seed, i,
+and the sampling weights in force at draw i), so `state_dict()` = {seed, count} plus the weights
+(the adaptive tracker's state, checkpointed by the controller) resume where a checkpoint left off.
+Without weights the sampler makes shuffled passes (every task once per pass); with weights
+(`set_weights`, pushed by the controller in `env.task_sampling.mode=adaptive`) each draw picks a task
+with probability proportional to its weight.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 from asyncwebrl.web.base import Task
@@ -26,6 +31,18 @@ MINIWOB_ORACLE = [
 """tasks with a scripted oracle solver (asyncwebrl.web.oracles)"""
 
 
+MINIWOB_MEDIUM = [
+    "enter-text", "enter-password", "login-user", "click-checkboxes", "click-option", "click-button-sequence",
+    "click-collapsible", "click-tab-2-easy",
+]
+"""two- and three-step tasks reachable with click and type (fill a field and submit, tick boxes and
+submit, open a section then click): give them env.max_steps >= 4; they start near zero for the 135M
+default, so they pay off in runs longer than the 30-minute default"""
+
+MINIWOB_HELDOUT = ["click-test-transfer", "click-widget"]
+"""single-step cousins of miniwob-easy that the default run never trains on (its held-out evaluation)"""
+
+
 def miniwob_all() -> list[str]:
     from asyncwebrl.web.miniwob import miniwob_html_dir
 
@@ -35,6 +52,8 @@ def miniwob_all() -> list[str]:
 SUBSETS = {
     "miniwob-easy": lambda: list(MINIWOB_EASY),
     "miniwob-oracle": lambda: list(MINIWOB_ORACLE),
+    "miniwob-medium": lambda: list(MINIWOB_MEDIUM),
+    "miniwob-heldout": lambda: list(MINIWOB_HELDOUT),
     "miniwob-all": miniwob_all,
 }
 
@@ -69,21 +88,47 @@ class TaskSampler:
         ]
         self.seed = int(seed)
         self.count = 0
+        self._weights: list[float] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def task_ids(self) -> list[str]:
+        return [t.task_id for t in self.templates]
+
+    def set_weights(self, weights: dict[str, float] | None) -> None:
+        """Sampling weight per task id (missing ids get 0); None goes back to uniform shuffled passes."""
+        if weights is None:
+            with self._lock:
+                self._weights = None
+            return
+        unknown = set(weights) - set(self.task_ids)
+        if unknown:
+            raise ValueError(f"sampling weights name tasks this sampler does not have: {sorted(unknown)[:5]}")
+        w = [max(0.0, float(weights.get(t, 0.0))) for t in self.task_ids]
+        if sum(w) <= 0:
+            raise ValueError("sampling weights must have a positive sum")
+        with self._lock:
+            self._weights = w
 
     def _task_at(self, i: int) -> Task:
         n = len(self.templates)
-        epoch, pos = divmod(i, n)
-        order = list(range(n))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        tpl = self.templates[order[pos]]
+        weights = self._weights
+        if weights is None:
+            epoch, pos = divmod(i, n)
+            order = list(range(n))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            tpl = self.templates[order[pos]]
+        else:
+            tpl = random.Random(f"w{self.seed}:{i}").choices(self.templates, weights=weights)[0]
         ep_seed = random.Random(f"{self.seed}:{i}").randrange(2**31)
         return Task(task_id=tpl.task_id, seed=ep_seed, max_steps=tpl.max_steps,
                     instruction=tpl.instruction, spec=dict(tpl.spec))
 
     def next(self) -> Task:
-        t = self._task_at(self.count)
-        self.count += 1
-        return t
+        with self._lock:
+            i = self.count
+            self.count += 1
+        return self._task_at(i)
 
     def __iter__(self):
         return self

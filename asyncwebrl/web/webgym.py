@@ -14,7 +14,10 @@ is resolved against it and its origin is allowed automatically.
 
 Invariants: a bad task file fails at load with the line number and field named; the episode ends
 when the evaluator is satisfied (url/js) or when the agent answers (answer/judge); a navigation the
-policy refuses leaves the agent on the page it was on, and the step is invalid.
+network fence refuses leaves the agent on the page it was on, the step is invalid and the refusal is
+in `StepResult.blocked`; a page the agent went to that cannot be reached (allowed origin down, name
+that does not resolve) raises `SiteUnreachable` (the episode fails and is counted); every reset and
+step has a deadline (`env.reset_timeout_s`, `env.step_timeout_s`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,23 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from asyncwebrl.web.actions import act
-from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
-from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy
+from asyncwebrl.web.base import EnvCrashed, Observation, SiteUnreachable, StepResult, Task
+from asyncwebrl.web.browser import (
+    BrowserPool,
+    BrowserSession,
+    NavigationPolicy,
+    fence_target_matches,
+    within_deadline,
+)
 from asyncwebrl.web.config import EnvConfig
-from asyncwebrl.web.observe import ELEMENTS_CALL, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.fence import BlockedRequest
+from asyncwebrl.web.observe import (
+    ELEMENTS_CALL,
+    MAX_ELEMENTS,
+    draw_set_of_marks,
+    element_by_id,
+    take_screenshot,
+)
 
 DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
 EVALUATORS = {
@@ -201,6 +217,10 @@ class WebGymEnv:
         self._last_png = b""
         self._last_url = ""
         self._done = True
+        self._pending_blocked: list[BlockedRequest] = []
+        """fence records from the reset, reported with the first step"""
+        self._changes = -1
+        """the page's change count at the last observation (see observe.RUNTIME_JS)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -230,17 +250,36 @@ class WebGymEnv:
             raise ValueError(f"task {task.task_id} has no evaluator; load it with load_task_file")
         if task.spec["evaluator"]["type"] == "vlm_judge" and not self.cfg.vlm_judge_url:
             raise ValueError(f"task {task.task_id} needs the VLM judge; set env.vlm_judge_url")
+        return await within_deadline(self._reset(task), self.cfg.reset_timeout_s, f"reset of {task.task_id}",
+                                     lambda: self.session)
+
+    async def _reset(self, task: Task) -> Observation:
         start, policy = self.resolve(task)
+        ok, why = policy.permits(start)
+        if not ok:
+            raise ValueError(f"task {task.task_id}: start URL {start} is refused by its own policy: {why}")
         self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = policy
         try:
             await s.context.clear_cookies()
-            await s.page.goto(start, wait_until="load", timeout=30_000)
-            s.blocked_navigation = False
+            failure: Exception | None = None
+            try:
+                await s.page.goto(start, wait_until="load", timeout=30_000)
+            except Exception as e:  # a refused or dead start page: the fence's records say which
+                if not s.alive():
+                    raise
+                failure = e
             blocked = s.take_blocked()
-            if blocked:
-                raise ValueError(f"task {task.task_id}: start URL {start} is refused by its own policy")
+            navs = s.take_navigations() or [start]
+            for b in blocked:
+                if any(fence_target_matches(u, b) for u in navs):
+                    if b.kind == "refused":
+                        raise ValueError(f"task {task.task_id}: start URL {start} is refused by the fence: {b.reason}")
+                    raise SiteUnreachable(f"task {task.task_id}: start page {b.target} cannot be reached: {b.reason}")
+            if failure is not None:
+                raise failure
+            self._pending_blocked = blocked
             s.episodes += 1
             self.task, self._done = task, False
             obs = await self._observe()
@@ -258,7 +297,7 @@ class WebGymEnv:
         n = MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0
         for attempt in range(4):
             try:
-                self._elements = json.loads(await page.evaluate(ELEMENTS_CALL, n))
+                self._elements, self._changes = json.loads(await page.evaluate(ELEMENTS_CALL, n))
                 png = await take_screenshot(page)
                 break
             except Exception as e:
@@ -270,37 +309,61 @@ class WebGymEnv:
             png = draw_set_of_marks(png, self._elements)
         return Observation(screenshot=png, instruction=self.task.instruction, elements=self._elements, url=page.url)
 
-    async def _restore_if_escaped(self, info: dict[str, Any]) -> bool:
-        """Back to the last allowed page if the agent left the allowed origins; True if it had."""
-        page, s = self.session.page, self.session
-        undone = await s.undo_blocked_navigation(self._last_url)
-        blocked = s.take_blocked()
-        if undone:
-            info["blocked"] = blocked or [page.url]
-            return True
-        ok, reason = s.policy.permits(page.url)
-        if ok and not page.url.startswith("chrome-error:") and not blocked:
-            return False
-        info["blocked"] = blocked or [page.url]
-        if not ok or page.url.startswith("chrome-error:"):
-            await page.goto(self._last_url, wait_until="load", timeout=30_000)
-            s.take_blocked()
-        return True
+    async def _land(self, navs: list[str]) -> None:
+        """After the main frame requested `navs`: wait (briefly) until the navigation has committed,
+        so what we judge is where the page went, not where it was."""
+        page = self.session.page
+        for _ in range(40):
+            if page.url in navs or page.url.startswith("chrome-error:"):
+                break
+            await asyncio.sleep(0.05)
+        await self._wait_loaded()
+
+    async def _fence_outcome(self, info: dict[str, Any]) -> tuple[list[BlockedRequest], bool]:
+        """(the fence's records of this step, whether the main frame was put back on the last page).
+        Raises SiteUnreachable when the page the agent went to cannot be reached."""
+        s, page = self.session, self.session.page
+        navs = s.take_navigations()
+        if navs:
+            await self._land(navs)
+        blocked, self._pending_blocked = self._pending_blocked + s.take_blocked(), []
+        hit = [b for b in blocked if any(fence_target_matches(u, b) for u in navs)]
+        dead = [b for b in hit if b.kind == "unreachable"]
+        if dead:
+            raise SiteUnreachable(f"{self.task.task_id}: {dead[0].target} cannot be reached: {dead[0].reason}")
+        ok, why = s.policy.permits(page.url)
+        if not hit and ok and not page.url.startswith("chrome-error:"):
+            return blocked, False
+        info["error"] = f"navigation refused: {hit[0].reason if hit else why or 'error page'}"
+        if ok and page.url == self._last_url:
+            return blocked, True  # the refused navigation never committed: the page is where it was
+        await page.goto(self._last_url, wait_until="load", timeout=30_000)
+        s.take_navigations()
+        blocked += s.take_blocked()
+        return blocked, True
 
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.session is None or self.task is None:
             raise RuntimeError("step() before reset()")
+        return await within_deadline(self._step(action), self.cfg.step_timeout_s, f"step of {self.task.task_id}",
+                                     lambda: self.session)
+
+    async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s, ev = self.session, self.task.spec["evaluator"]
+        prev_changes, prev_url = self._changes, s.page.url
         info: dict[str, Any] = {}
         executed, success, done = False, False, False
+        blocked: list[BlockedRequest] = []
         try:
             executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
-            if executed and action["type"] in ("click", "type", "go_back"):
-                await self._settle()
+            if executed and action["type"] in ("click", "type", "go_back", "select"):
+                await self._settle(action)
+            blocked, restored = await self._fence_outcome(info)
             obs = await self._observe()
-            if action is not None and await self._restore_if_escaped(info):
-                executed = False
-                obs = await self._observe()
+            await s.close_popups()
+            blocked += s.take_blocked()  # late records (a popup is announced after the page settled)
+            if restored or any(b.target == "popup" for b in blocked):
+                executed = False  # what the action set off was refused
             if executed and not self._done:
                 success, done = await self._evaluate(ev, action, obs)
         except (EnvCrashed, ValueError):
@@ -312,11 +375,18 @@ class WebGymEnv:
             executed = False
             obs = await self._observe()
         self._done = self._done or done
+        no_effect = (executed and not done and action["type"] in ("click", "type", "select", "scroll")
+                     and self._changes == prev_changes and obs.url == prev_url and obs.screenshot == self._last_png)
+        if no_effect:
+            info.setdefault("error", "the action changed nothing on the page")
+        elif not executed and action is not None and action.get("type") == "type" and "drop-down" in info.get("error", ""):
+            no_effect = True
         res = StepResult(reward=1.0 if success else 0.0, raw_reward=1.0 if success else 0.0, done=done,
                          success=success, invalid=not executed,
-                         screenshot_unchanged=obs.screenshot == self._last_png, info=info)
+                         screenshot_unchanged=obs.screenshot == self._last_png, blocked=blocked,
+                         no_effect=no_effect, info=info)
         self._last_png = obs.screenshot
-        if s.policy.permits(obs.url)[0]:
+        if s.policy.permits(obs.url)[0] and not obs.url.startswith("chrome-error:"):
             self._last_url = obs.url
         return obs, res
 
@@ -326,9 +396,16 @@ class WebGymEnv:
         except Exception:  # a slow page still gets observed as it is
             pass
 
-    async def _settle(self) -> None:
-        # navigation (link, form submit) starts asynchronously after the input event
+    async def _settle(self, action: dict[str, Any]) -> None:
+        # navigation (link, form submit) starts asynchronously after the input event; after a click on
+        # a link, give the navigation request up to a second to show up (a loaded machine is slow)
         await asyncio.sleep(max(0.05, self.cfg.action_settle_ms / 1000))
+        target = element_by_id(self._elements, action["element"]) if "element" in action else None
+        if action["type"] == "click" and target is not None and target.get("role") == "link":
+            for _ in range(20):
+                if self.session.has_navigations():
+                    break
+                await asyncio.sleep(0.05)
         await self._wait_loaded()
 
     async def _evaluate(self, ev: dict[str, Any], action: dict[str, Any], obs: Observation) -> tuple[bool, bool]:

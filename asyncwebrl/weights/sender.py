@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from asyncwebrl.net import LOOPBACK, WILDCARDS
+from asyncwebrl.protocol import InitWeightsUpdateGroupRequest, UpdateWeightsFromDistributedRequest
 from asyncwebrl.weights.buckets import Bucket, plan_buckets
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, WeightSyncError, join_with_store
@@ -57,7 +59,7 @@ class TransferReport:
 class WeightSender:
     """Rank 0's side of the weight-update group with every train-rollout server."""
 
-    def __init__(self, servers: list[str], api_key: str | None = None, *, master_address: str = "127.0.0.1",
+    def __init__(self, servers: list[str], api_key: str | None = None, *, master_address: str = LOOPBACK,
                  master_port: int = 0, backend: str | None = None, device: str = "cpu",
                  bucket_mb: float = DEFAULT_BUCKET_MB, timeout_s: float = 120.0, group_name: str | None = None,
                  announce_once: bool | None = None):
@@ -94,17 +96,17 @@ class WeightSender:
             raise WeightSyncError("weight update group already initialized; close() first")
         if self.announce_once is None:
             self.announce_once = self._servers_take_bucket_sizes()
-        host = self.master_address if self.master_address != "0.0.0.0" else "127.0.0.1"
+        host = LOOPBACK if self.master_address in WILDCARDS else self.master_address
         self.master_port = self.master_port or free_port(host)
         import datetime
 
         store = dist.TCPStore(self.master_address, self.master_port, self.world_size, is_master=True,
                               timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False)
         deadline = time.monotonic() + self.timeout_s
-        inits = [self.control.start(self.control.acall(s, "/init_weights_update_group", {
-            "master_address": self.master_address, "master_port": self.master_port, "rank_offset": 1 + i,
-            "world_size": self.world_size, "group_name": self.group_name, "backend": self.backend,
-        })) for i, s in enumerate(self.servers)]
+        inits = [self.control.start(self.control.acall(s, "/init_weights_update_group", InitWeightsUpdateGroupRequest(
+            master_address=self.master_address, master_port=self.master_port, rank_offset=1 + i,
+            world_size=self.world_size, group_name=self.group_name, backend=self.backend,
+        ).model_dump())) for i, s in enumerate(self.servers)]
         box: dict[str, Any] = {}
 
         def make() -> None:
@@ -182,14 +184,14 @@ class WeightSender:
                               n_ann)
 
     def _announcement(self, buckets: Sequence[Bucket], with_sizes: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "names": [n for b in buckets for n in b.names], "dtypes": [d for b in buckets for d in b.dtypes],
-            "shapes": [s for b in buckets for s in b.shapes], "group_name": self.group_name,
-            "flush_cache": False, "abort_all_requests": False, "load_format": FLATTENED,
-        }
-        if with_sizes:
-            body[EXTENSION_BUCKET_SIZES] = [len(b.slots) for b in buckets]
-        return body
+        """The /update_weights_from_distributed body (the shared protocol model; fields left at None
+        are not sent, so a server without the bucket_sizes extension sees SGLang's own fields only)."""
+        return UpdateWeightsFromDistributedRequest(
+            names=[n for b in buckets for n in b.names], dtypes=[d for b in buckets for d in b.dtypes],
+            shapes=[s for b in buckets for s in b.shapes], group_name=self.group_name, flush_cache=False,
+            abort_all_requests=False, load_format=FLATTENED,
+            bucket_sizes=[len(b.slots) for b in buckets] if with_sizes else None,
+        ).model_dump(exclude_none=True)
 
     def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
         b = self._bufs[slot]

@@ -25,6 +25,7 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         f"cluster.fileroot={tmp_path}", f"total_train_steps={steps}", "rollout.consumer_batch_size=1",
         "gconfig.n_samples=2", "env.max_steps=2", "env.tasks=click-test,click-button",
         "test_rollout.enabled=true", "test_rollout.n_episodes=2", "test_rollout.tasks=click-test",
+        "test_rollout.heldout_tasks=click-link", "test_rollout.heldout_n_episodes=1", "env.task_sampling.mode=adaptive",
         "checkpoint.every_n_steps=1", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
     ])
     run = RunDir(cfg.run_dir, keep_episodes=8)
@@ -32,7 +33,7 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
     try:
         ctl = Controller(cfg, system, run)
         summary = ctl.train()
-        assert summary["steps"] == steps and summary["version"] == steps
+        assert summary.steps == steps and summary.version == steps
 
         # weights reached every train-rollout server: same version, bit-identical to the trainer's
         from asyncwebrl.inference.engine import params_checksum
@@ -52,15 +53,24 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         assert done["evaluated"]
         evals = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "eval"]
         assert evals and evals[-1]["version"] == steps and evals[-1]["n_episodes"] == 2
+        # the held-out task was evaluated on the same snapshot, and never trained on
+        assert list(evals[-1]["heldout_per_task"]) == ["miniwob/click-link"] and evals[-1]["heldout_n_episodes"] == 1
+        trained = {g for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "curriculum"
+                   for g in r if g.startswith("groups.") and r[g] > 0}
+        assert trained and trained <= {"groups.miniwob/click-test", "groups.miniwob/click-button"}
 
         # nothing lost, nothing duplicated
         stats = system.rollout.stats()
-        assert stats["consumed_groups"] == steps * cfg.rollout.consumer_batch_size
-        assert stats["lost_rollouts"] == 0
-        assert summary["duplicates"] == 0
+        assert stats.consumed_groups == steps * cfg.rollout.consumer_batch_size
+        assert stats.lost_rollouts == 0 and stats.failed_episodes == summary.failed_episodes == 0
+        assert summary.duplicates == 0
         train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["version"] for r in train] == list(range(1, steps + 1))
         assert all(r["n_trajectories"] == 2 for r in train)
+        assert all(0 <= r["zero_adv_groups"] <= cfg.rollout.consumer_batch_size for r in train)
+        # the adaptive tracker is in the checkpoint, with the groups the trainer consumed
+        extra = json.loads((ckpt / "extra_state.json").read_text())
+        assert sum(t["groups"] for t in extra["curriculum"]["tasks"].values()) == steps * cfg.rollout.consumer_batch_size
         assert all(max(map(int, r["staleness_hist"])) <= cfg.rollout.max_head_offpolicyness for r in train)
         # the viewer sample of episodes holds real screenshots
         kept = read_jsonl(run.root / "episodes" / "index.jsonl")

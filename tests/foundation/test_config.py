@@ -94,3 +94,62 @@ def test_cli_help_lists_subcommands():
     r = subprocess.run([sys.executable, "-m", "asyncwebrl.cli", "--help"], capture_output=True, text=True, timeout=120)
     for sub in ("train", "serve", "eval", "bench", "view", "prepare-model"):
         assert sub in r.stdout
+
+
+def test_every_config_key_is_read_somewhere():
+    """A key a user can set must change something: each config field is read (as `.name`) by some
+    code of the package other than its own declaration. Documented-but-dead keys fail here."""
+    import re
+    from pathlib import Path
+
+    import asyncwebrl
+    from asyncwebrl.config import RunConfig
+    from asyncwebrl.configtree import describe
+
+    root = Path(asyncwebrl.__file__).parent
+    code = "\n".join(p.read_text() for p in root.rglob("*.py") if p.name != "configtree.py")
+    # docstrings and comments mention keys by name; only code may count as a read
+    code = re.sub(r'"""[\s\S]*?"""', "", code)
+    code = re.sub(r"#[^\n]*", "", code)
+    dead = [key for key, *_ in describe(RunConfig)
+            if not re.search(r"\.%s\b|getattr\([^)]*[\"']%s[\"']" % ((re.escape(key.split(".")[-1]),) * 2), code)]
+    assert dead == [], f"config keys accepted but read nowhere: {dead}"
+
+
+def test_overrides_interpolate_through_omegaconf(tmp_path, monkeypatch):
+    """Files and overrides are layered by OmegaConf: `${...}` references resolve before validation."""
+    from asyncwebrl.config import load_run_config
+
+    monkeypatch.setenv("AWRL_SCRATCH", str(tmp_path))
+    cfg = load_run_config(None, ["cluster.fileroot=${oc.env:AWRL_SCRATCH}/runs", "gconfig.n_samples=3",
+                                 "rollout.consumer_batch_size=${gconfig.n_samples}"])
+    assert cfg.cluster.fileroot == f"{tmp_path}/runs" and cfg.rollout.consumer_batch_size == 3
+
+
+def test_heldout_tasks_must_not_overlap_the_training_tasks():
+    with pytest.raises(ConfigError, match="overlap.*click-test"):
+        load_run_config(None, ["env.tasks=click-test,click-button", "test_rollout.heldout_tasks=click-test"])
+    with pytest.raises(ConfigError, match="unknown MiniWoB task"):
+        load_run_config(None, ["test_rollout.heldout_tasks=no-such-task"])
+    cfg = load_run_config(None, ["env.tasks=click-test", "test_rollout.heldout_tasks=click-link"])
+    assert cfg.test_rollout.heldout_tasks == "click-link"
+    # the default's held-out MiniWoB tasks do not stop a run on another environment
+    cfg = load_run_config(None, ["env.type=webgym", "env.task_file=asyncwebrl/web/demo_site/tasks.jsonl"])
+    from asyncwebrl.evaluation.evaluate import eval_task_sets
+
+    assert eval_task_sets(cfg)[1] == []
+
+
+def test_eval_sets_default_to_the_training_tasks_and_take_webgym_ids():
+    from asyncwebrl.evaluation.evaluate import eval_task_sets
+
+    cfg = load_run_config(None, ["env.tasks=click-test,click-button", "test_rollout.n_episodes=4",
+                                 "test_rollout.heldout_tasks=click-link", "test_rollout.heldout_n_episodes=2"])
+    tasks, held = eval_task_sets(cfg)
+    assert [t.task_id for t in tasks] == ["miniwob/click-test", "miniwob/click-button"] * 2
+    assert [t.task_id for t in held] == ["miniwob/click-link"] * 2
+    cfg = load_run_config(None, ["env.type=webgym", "env.task_file=asyncwebrl/web/demo_site/tasks.jsonl",
+                                 "test_rollout.n_episodes=3", "test_rollout.tasks=demo/about,demo/agree"])
+    tasks, held = eval_task_sets(cfg)
+    assert [t.task_id for t in tasks] == ["demo/about", "demo/agree", "demo/about"] and not held
+    assert tasks[0].spec["evaluator"]["type"] == "url_match"  # a playable task, not a bare name

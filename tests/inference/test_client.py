@@ -9,11 +9,12 @@ import pytest
 
 from asyncwebrl.inference.client import InferenceClient, InferenceUnavailable
 from asyncwebrl.inference.engine import HFEngine
-from asyncwebrl.inference.protocol import ProtocolError
 from asyncwebrl.inference.server import launch_in_thread
 from asyncwebrl.net import free_port
+from asyncwebrl.protocol import ProtocolError
 
 SAMPLING = {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}
+KEY = "client-test-key"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def servers():
     for _ in range(2):
         eng = HFEngine(path, cpu_threads=1)
         eng.start()
-        out.append(launch_in_thread(eng))
+        out.append(launch_in_thread(eng, api_key=KEY))
     yield [s.address for s in out]
     for s in out:
         s.stop()
@@ -37,7 +38,7 @@ def run(coro):
 
 def test_episode_sticks_to_its_server_and_moves_when_it_fails(servers):
     async def go():
-        c = InferenceClient(servers)
+        c = InferenceClient(servers, api_key=KEY)
         try:
             a = [await c.agenerate([1, 2, 3], None, SAMPLING, sticky_key="ep1") for _ in range(3)]
             assert len({o.server for o in a}) == 1
@@ -64,7 +65,7 @@ def test_dead_server_is_retried_then_failed_over(servers):
     dead = f"http://127.0.0.1:{free_port()}"
 
     async def go():
-        c = InferenceClient([dead, servers[0]], max_retries=2, retry_backoff_s=0.01, timeout_s=10)
+        c = InferenceClient([dead, servers[0]], api_key=KEY, max_retries=2, retry_backoff_s=0.01, timeout_s=10)
         try:
             out = await c.agenerate([5, 6, 7], None, SAMPLING, sticky_key="x")
             assert out.server == servers[0] and c.stats["retries"] == 2 and c.stats["failovers"] == 1
@@ -73,7 +74,7 @@ def test_dead_server_is_retried_then_failed_over(servers):
             assert health == {dead: False, servers[0]: True}
         finally:
             await c.aclose()
-        only_dead = InferenceClient([dead], max_retries=1, retry_backoff_s=0.01, timeout_s=5)
+        only_dead = InferenceClient([dead], api_key=KEY, max_retries=1, retry_backoff_s=0.01, timeout_s=5)
         with pytest.raises(InferenceUnavailable):
             await only_dead.agenerate([1], None, SAMPLING)
         await only_dead.aclose()
@@ -83,7 +84,7 @@ def test_dead_server_is_retried_then_failed_over(servers):
 
 def test_bad_request_is_raised_not_retried(servers):
     async def go():
-        c = InferenceClient(servers, max_retries=3)
+        c = InferenceClient(servers, api_key=KEY, max_retries=3)
         try:
             with pytest.raises(ProtocolError, match="vocab size"):
                 await c.agenerate([10**8], None, SAMPLING)
@@ -98,7 +99,7 @@ def test_bad_request_is_raised_not_retried(servers):
 
 def test_pause_resume_and_version_on_all_servers(servers):
     async def go():
-        c = InferenceClient(servers)
+        c = InferenceClient(servers, api_key=KEY)
         try:
             assert all(r["success"] for r in (await c.apause()).values())
             task = asyncio.create_task(c.agenerate([1, 2], None, SAMPLING))
@@ -113,4 +114,34 @@ def test_pause_resume_and_version_on_all_servers(servers):
             await c.aclose()
 
     run(go())
-    assert InferenceClient(servers).health() == {a: True for a in servers}
+    assert InferenceClient(servers, api_key=KEY).health() == {a: True for a in servers}
+
+
+@pytest.mark.parametrize("status, body, exc, needle", [
+    (400, {"error": {"message": "top_k must be -1 (disable) or at least 1, got 0."}}, ProtocolError, "top_k must be"),
+    (401, {"error": "Unauthorized"}, "auth", "Unauthorized"),
+    (422, {"detail": [{"loc": ["body", "text"], "msg": "field required"}]}, ProtocolError, "field required"),
+])
+def test_errors_in_sglang_shapes_reach_the_caller_with_their_message(status, body, exc, needle):
+    """Real SGLang answers {"error": {"message"}} (and {"error": "Unauthorized"}, FastAPI's {"detail"}):
+    the client raises with that message, not an empty one."""
+    from aiohttp import web
+
+    from asyncwebrl.inference.client import InferenceAuthError
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/generate", lambda request: web.json_response(body, status=status))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        c = InferenceClient([f"http://127.0.0.1:{port}"], max_retries=0)
+        try:
+            with pytest.raises(InferenceAuthError if exc == "auth" else exc, match=needle):
+                await c.agenerate([1, 2], None, SAMPLING)
+        finally:
+            await c.aclose()
+            await runner.cleanup()
+
+    run(go())

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
-from asyncwebrl.inference.protocol import GenerateRequest, ProtocolError, parse_request
 from asyncwebrl.models.vlm import encode_image_b64
+from asyncwebrl.protocol import GenerateRequest, ProtocolError, parse_request
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +141,10 @@ def test_pause_keeps_requests_and_abort_ends_them(engine):
 
 
 def test_inputs_the_model_cannot_take_are_protocol_errors(engine):
-    with pytest.raises(ProtocolError, match="context window"):
+    with pytest.raises(ProtocolError, match="context length"):
         engine.prepare(_req([1] * (engine.context_len + 1)), print)
+    with pytest.raises(ProtocolError, match="requested token count exceeds"):  # SGLang refuses it too
+        engine.prepare(_req([1] * (engine.context_len - 4), max_new=8), print)
     with pytest.raises(ProtocolError, match="vocab size"):
         engine.prepare(_req([engine.vocab_size + 5]), print)
     with pytest.raises(ProtocolError, match="image tokens"):
@@ -150,3 +152,26 @@ def test_inputs_the_model_cannot_take_are_protocol_errors(engine):
     bad = parse_request(GenerateRequest, {"input_ids": [1], "image_data": ["bm90IGFuIGltYWdl"]})
     with pytest.raises(ProtocolError, match="undecodable"):
         engine.prepare(bad, print)
+
+
+def test_a_row_with_non_finite_logits_ends_alone(engine, monkeypatch):
+    """A sequence whose logits turn NaN (overflow, broken weights) is aborted by itself; the request
+    decoded in the same batch goes on (without the guard, sampling raises and the whole batch dies).
+    The NaN is injected into the poisoned row's logits just before sampling."""
+    original = engine._append_tokens
+
+    def poisoned(reqs, logits):
+        for i, r in enumerate(reqs):
+            if r.rid == "poison" and len(r.output_ids) >= 2:
+                logits[i] = float("nan")
+        return original(reqs, logits)
+
+    monkeypatch.setattr(engine, "_append_tokens", poisoned)
+    ids = _text_ids(engine, "Write a long poem.")
+    victim = _req(ids, max_new=12, temperature=1.0, ignore_eos=True)
+    bystander = _req(ids, max_new=12, temperature=1.0, ignore_eos=True)
+    victim.rid, bystander.rid = "poison", "bystander"
+    res = _run(engine, [victim, bystander])
+    assert res[0].finish_reason["type"] == "abort" and "non-finite" in res[0].finish_reason["message"]
+    assert len(res[0].output_ids) == 2
+    assert res[1].finish_reason["type"] == "length" and len(res[1].output_ids) == 12

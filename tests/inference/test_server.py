@@ -17,14 +17,16 @@ from asyncwebrl.models.vlm import VLMAdapter, encode_image_b64
 from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
 pytestmark = pytest.mark.slow
+KEY = "server-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def server(default_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(wait=False, model=default_model_path, log_path=str(log), max_context_len=512)
+    srv = launch_server(wait=False, model=default_model_path, log_path=str(log), max_context_len=512, api_key=KEY)
     try:
-        wait_healthy(srv.address, 300, proc=srv)
+        wait_healthy(srv.address, 300, proc=srv, api_key=KEY)
         yield srv.address
     finally:
         srv.stop()
@@ -39,7 +41,7 @@ def adapter(default_model_path):
 def raw(addr: str, path: str, data: bytes | None, method: str = "POST", headers: dict | None = None,
         timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(addr + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+                                 headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -83,7 +85,8 @@ def test_generate_text_ids_and_image_prompts(server, adapter):
 def test_stream_sends_cumulative_chunks_then_done(server, adapter):
     req = urllib.request.Request(server + "/generate", data=json.dumps({
         "input_ids": ids_of(adapter, "Hi"), "stream": True,
-        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}).encode())
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}).encode(),
+        headers={"Content-Type": "application/json", **AUTH})
     with urllib.request.urlopen(req, timeout=120) as r:
         events = [line[6:] for line in r.read().decode().split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -141,7 +144,11 @@ def test_pause_continue_abort_flush_version_and_info_endpoints(server, adapter):
     (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": "3"}}', "max_new_tokens"),
     (b'{"input_ids": [1], "image_data": ["not-an-image"]}', "image_data[0]"),
     (b'{"input_ids": [99999999]}', "vocab size"),
-    (json.dumps({"input_ids": [1] * 600}).encode(), "context window"),
+    (json.dumps({"input_ids": [1] * 600}).encode(), "context length"),
+    (b'{"input_ids": [1], "sampling_params": {"top_k": 0}}', "top_k must be -1 (disable) or at least 1"),
+    (b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}', "finite"),
+    (b'{"text": ["a", ""]}', "'text' is empty"),
+    (b'{"input_ids": [[1], [2]], "rid": ["x", "x"]}', "duplicate"),
 ])
 def test_bad_generate_input_is_400_and_the_server_keeps_serving(server, data, needle):
     status, body = raw(server, "/generate", data)
@@ -169,7 +176,8 @@ def test_api_key_required_on_every_request(tmp_path):
     try:
         wait_healthy(srv.address, 300, proc=srv, api_key="s3cret")
         assert srv.address.startswith("http://127.0.0.1:")
-        assert http(srv.address, "/health", method="GET")[0] == 401
+        assert http(srv.address, "/health", method="GET")[0] == 200  # SGLang leaves /health open
+        assert http(srv.address, "/model_info", method="GET")[0] == 401
         assert http(srv.address, "/generate", {"text": "hi"})[0] == 401
         assert http(srv.address, "/generate", {"text": "hi"}, headers={"Authorization": "Bearer wrong"})[0] == 401
         status, body = http(srv.address, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}},

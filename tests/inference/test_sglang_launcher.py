@@ -20,10 +20,12 @@ def test_sglang_command_has_what_the_system_needs():
     assert "--enable-multimodal" in cmd and "--api-key" not in cmd
 
 
-def test_keyword_form_api_key_and_extras():
-    cmd = sglang_command(model_path="m", port=5, host="0.0.0.0", api_key="k", context_length=8192,
-                         weight_version="3", extra_args=["--disable-radix-cache"])
-    assert _flag(cmd, "--api-key") == "k" and _flag(cmd, "--host") == "0.0.0.0"
+def test_keyword_form_key_from_env_and_extras():
+    cmd = sglang_command(model_path="m", port=5, host="0.0.0.0", api_key_from_env=True, context_length=8192,
+                         weight_version="3", allow_auto_truncate=True, extra_args=["--disable-radix-cache"])
+    # the key never appears in argv (world-readable in /proc); a -c shim appends it from the environment
+    assert cmd[1] == "-c" and "ASYNCWEBRL_API_KEY" in cmd[2] and "--api-key" not in cmd[3:]
+    assert _flag(cmd, "--host") == "0.0.0.0" and "--allow-auto-truncate" in cmd
     assert _flag(cmd, "--context-length") == "8192" and _flag(cmd, "--weight-version") == "3"
     assert cmd[-1] == "--disable-radix-cache"
 
@@ -37,6 +39,7 @@ def test_bad_launch_settings_are_rejected(bad):
 def test_hf_command_matches_the_cli():
     from asyncwebrl.cli import build_parser
 
-    cmd = hf_command("/m", 1234, api_key="k", max_batch_size=4)
+    cmd = hf_command("/m", 1234, key_scope="all", max_batch_size=4, weights_roots=["/r"], trainer_addresses=["t1"])
     args = build_parser().parse_args(cmd[3:])
-    assert (args.model, args.port, args.host, args.api_key, args.max_batch_size) == ("/m", 1234, "127.0.0.1", "k", 4)
+    assert (args.model, args.port, args.host, args.key_scope, args.max_batch_size) == ("/m", 1234, "127.0.0.1", "all", 4)
+    assert args.api_key is None and args.weights_root == ["/r"] and args.trainer_address == ["t1"]

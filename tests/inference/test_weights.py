@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -26,12 +27,14 @@ from asyncwebrl.weights.group import join_group
 
 pytestmark = pytest.mark.slow
 SYNC_TIMEOUT_S = 6
+KEY = "weights-test-key"
 
 
 @pytest.fixture(scope="module")
 def server(default_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(model=default_model_path, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S)
+    srv = launch_server(model=default_model_path, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S, api_key=KEY,
+                        weights_roots=[str(tmp_path_factory.getbasetemp()), default_model_path])
     yield srv.address
     srv.stop()
 
@@ -43,7 +46,8 @@ def adapter(default_model_path):
 
 def http(addr: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {KEY}"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -71,7 +75,7 @@ def test_update_from_distributed_changes_served_weights_bit_exactly(server, adap
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("trainer_proc.py")), "--server", server, "--model",
          default_model_path, "--port", str(port), "--version", "7", "--seed", "3"],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ASYNCWEBRL_API_KEY": KEY})
     assert proc.returncode == 0, proc.stderr[-3000:]
     sent = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(r["success"] for r in sent["replies"]) and sent["destroy"]["success"], sent
@@ -140,7 +144,7 @@ def _teacher_forced(model, prompt_ids, out_ids):
 
 
 async def _generate_across_update(server, ids, n, new_path, new_version, abort):
-    client = InferenceClient([server])
+    client = InferenceClient([server], api_key=KEY)
     try:
         task = asyncio.create_task(client.agenerate(ids, None, {"max_new_tokens": n, "temperature": 1.0,
                                                                 "ignore_eos": True}, sticky_key="ep"))

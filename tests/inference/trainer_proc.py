@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import urllib.request
 
@@ -24,7 +25,10 @@ from asyncwebrl.weights.group import join_group
 
 
 def post(url: str, body: dict, out: dict) -> None:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("ASYNCWEBRL_API_KEY"):  # the server's key (control endpoints need it)
+        headers["Authorization"] = f"Bearer {os.environ['ASYNCWEBRL_API_KEY']}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
             out.update(json.loads(r.read()), status=r.status)

@@ -42,8 +42,12 @@ BODY = st.one_of(
 )
 
 
+KEY = "fuzz-key"
+
+
 def _call(addr: str, path: str, data: bytes | None, method: str) -> tuple[int, object]:
-    req = urllib.request.Request(addr + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(addr + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -56,9 +60,10 @@ def server(tmp_path_factory):
     from asyncwebrl.models.prepare import resolve_model_path
 
     log = tmp_path_factory.mktemp("fuzz") / "server.log"
-    srv = launch_server(wait=False, model=resolve_model_path("tiny-qwen2.5-vl"), log_path=str(log), max_context_len=256)
+    srv = launch_server(wait=False, model=resolve_model_path("tiny-qwen2.5-vl"), log_path=str(log), max_context_len=256,
+                        api_key=KEY)
     try:
-        wait_healthy(srv.address, 300, proc=srv)
+        wait_healthy(srv.address, 300, proc=srv, api_key=KEY)
         yield srv.address
     finally:
         srv.stop()

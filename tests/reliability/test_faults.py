@@ -1,7 +1,7 @@
 """Fault injection during real training runs (`pytest -m faults`): real Chromium + MiniWoB++, embedded
 inference servers, the FSDP trainer, the PixelStore. Each fault is injected into a running system and
-the run must finish with nothing lost and nothing duplicated; recovery times and counts go to
-bench/results/faults.json (one entry per fault, merged across the tests of this module).
+the run must finish with nothing lost and nothing duplicated, and the damage must show in the run's
+typed statistics (failed episodes counted, never silently lost). Nothing is written to bench/results.
 
 Faults: (1) the Chromium process killed mid-episode, (2) the PixelStore Ray actor killed, (3) one of
 two inference servers killed (restart + weight-group rejoin), all in one Ray run; (4) the whole
@@ -24,7 +24,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncwebrl.bench.common import RESULTS_DIR, write_result
 from asyncwebrl.config import load_run_config
 from asyncwebrl.controller.main import Controller
 from asyncwebrl.controller.rundir import RunDir, read_jsonl
@@ -35,17 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.faults]
 
 SMALL = ["rollout.consumer_batch_size=1", "gconfig.n_samples=2", "env.max_steps=2",
          "env.tasks=click-test,click-button", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
-         "gconfig.max_new_tokens=8", "test_rollout.enabled=false", "stats.results_name=null"]
+         "gconfig.max_new_tokens=8", "test_rollout.enabled=false"]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def record(fault: str, figures: dict) -> None:
-    """Merge one fault's figures into bench/results/faults.json."""
-    path = RESULTS_DIR / "faults.json"
-    doc = json.loads(path.read_text()) if path.exists() else {}
-    figs = dict(doc.get("figures", {}))
-    figs[fault] = figures
-    write_result("faults", {"run": " ".join(SMALL), "suite": "pytest -m faults"}, figs)
 
 
 def _get(url: str) -> dict:
@@ -68,7 +58,7 @@ def _wait_for(pred, timeout_s: float, poll_s: float = 0.2) -> float | None:
 
 def _in_flight(rollout) -> int:
     """Rollouts admitted and not yet finished, over all workers."""
-    return sum(w["admitted"] - w["completed"] - w["failed"] - w["cancelled"] for w in rollout.stats()["workers"])
+    return rollout.stats().in_flight
 
 
 class Injector:
@@ -96,19 +86,19 @@ class Injector:
     def kill_browser(self, ctl: Controller) -> None:
         shell = self.cfg.env.headless_shell
         rollout = ctl.sys.rollout
-        consumed = rollout.stats()["consumed_groups"]
+        consumed = rollout.stats().consumed_groups
         fig = self.figures["browser_kill"] = {}
 
         def kill_and_watch():
             # mid-episode: once this step's prepare_batch took its group, admission opens and new
             # episodes start (the trainer trains meanwhile); kill the browser a moment into them
-            assert _wait_for(lambda: rollout.stats()["consumed_groups"] > consumed, 300, 0.2) is not None
+            assert _wait_for(lambda: rollout.stats().consumed_groups > consumed, 300, 0.2) is not None
             assert _wait_for(lambda: _in_flight(rollout) > 0, 300, 0.1) is not None
             time.sleep(1.0)
             in_flight = _in_flight(rollout)
             before = _browser_pids(shell)
             st0 = rollout.stats()
-            fig["failed_before"] = (st0["failed_trajectories"], st0["failed_rollouts"])
+            fig["failed_before"] = (st0.failed_episodes, st0.failed_rollouts)
             for pid in before:
                 os.kill(pid, signal.SIGKILL)
             fig["killed_pids"] = len(before)
@@ -126,7 +116,7 @@ class Injector:
         assert names, "no PixelStore actor to kill"
         handle = ray.get_actor(names[0])
         st0 = ctl.sys.rollout.stats()
-        self.failed_at_store_kill = (st0["failed_trajectories"], st0["failed_rollouts"])
+        self.failed_at_store_kill = (st0.failed_episodes, st0.failed_rollouts)
         before = ray.get(handle.stats.remote(), timeout=30)
         ray.kill(handle, no_restart=False)
         fig = self.figures["pixelstore_kill"] = {"keys_before": before["items"]}
@@ -161,9 +151,7 @@ def test_browser_pixelstore_and_server_die_during_training(tmp_path):
         "checkpoint.every_n_steps=100", "rollout.request_timeout_s=60", "rollout.max_retries=1",
     ])
     run = RunDir(cfg.run_dir, keep_episodes=0)
-    t_build = time.monotonic()
     system = build_system(cfg, run)
-    build_s = time.monotonic() - t_build
     try:
         ctl = Controller(cfg, system, run)
         inj = Injector(system, cfg)
@@ -175,44 +163,31 @@ def test_browser_pixelstore_and_server_die_during_training(tmp_path):
         train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
 
         # the run completed, every step's version in order, nothing lost or duplicated
-        assert summary["steps"] == steps and summary["version"] == steps
+        assert summary.steps == steps and summary.version == steps
         assert [r["version"] for r in train] == list(range(1, steps + 1))
-        assert summary["duplicates"] == 0 and stats["lost_rollouts"] == 0
-        assert stats["consumed_groups"] == steps * cfg.rollout.consumer_batch_size
+        assert summary.duplicates == 0 and stats.lost_rollouts == 0
+        assert stats.consumed_groups == steps * cfg.rollout.consumer_batch_size
         assert all(max(map(int, r["staleness_hist"] or {"0": 0})) <= cfg.rollout.max_head_offpolicyness
                    for r in train)
 
-        # (1) the browser came back; the episodes it killed are reported failed, not lost
+        # (1) the browser came back; the episodes it killed are reported failed, never silently lost:
+        # in the statistics at the time, and in the run summary a user reads
         b = inj.figures["browser_kill"]
         assert b["relaunched"], b
-        (ft0, fr0), (ft1, fr1) = b.pop("failed_before"), inj.failed_at_store_kill
-        # the episodes it killed are reported failed (a group whose every episode failed is reported as
-        # one failed rollout of n_samples episodes), never silently lost
-        b["failed_trajectories"] = ft1 - ft0
-        b["failed_rollouts"] = fr1 - fr0
-        b["trajectories_destroyed_by_fault"] = b["failed_trajectories"] + b["failed_rollouts"] * cfg.gconfig.n_samples
-        assert b["trajectories_destroyed_by_fault"] >= 1, b
+        (fe0, _), (fe1, _) = b.pop("failed_before"), inj.failed_at_store_kill
+        assert fe1 - fe0 >= 1, b
+        assert summary.failed_episodes >= fe1 - fe0 >= 1, summary
         # (2) the PixelStore actor restarted; samples whose pixels died with it were dropped and counted
         p = inj.figures["pixelstore_kill"]
         assert p["restarted"], p
-        p["samples_dropped_missing_pixels"] = int(sum(r.get("n_dropped_missing_pixels", 0) for r in train))
-        p["client_missing"] = system.pixel_store.stats().get("client_missing")
         # (3) the dead server was noticed, restarted on its address and rejoined the weight group:
         # both servers serve the final weights, bit-identical
-        s = inj.figures["server_kill"]
         events = ctl.supervisor.events
         assert [e.action for e in events] == ["restarted"], ctl.supervisor.figures()
-        s["recovery_s"] = events[0].recovery_s
-        s["action"] = events[0].action
         sums = {a: _get(a + "/weights_checksum") for a in system.server_addresses}
         assert {v["weight_version"] for v in sums.values()} == {str(steps)}, sums
         assert len({v["sha256"] for v in sums.values()}) == 1, sums
 
-        common = {"trajectories_lost": stats["lost_rollouts"], "duplicates": summary["duplicates"],
-                  "run_completed": True, "steps": steps}
-        for name, fig in inj.figures.items():
-            fig.pop("kill_t", None)
-            record(name, {**fig, **common, "build_s": round(build_s, 1), "run_wall_s": round(summary["wall_time_s"], 1)})
     finally:
         system.shutdown()
         run.close()
@@ -244,7 +219,7 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
     from asyncwebrl.training.checkpoint import complete_checkpoints
 
     steps = 4
-    cmd = _train_cmd(tmp_path, steps, ["recover=auto"])
+    cmd = _train_cmd(tmp_path, steps, ["recover=auto", "env.task_sampling.mode=adaptive"])
     log1 = open(tmp_path / "first.log", "wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log1, stderr=subprocess.STDOUT)
     try:
@@ -254,7 +229,6 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
         got = _wait_for(lambda: len(complete_checkpoints(ckroot)) >= 1 or proc.poll() is not None, 480, 0.1)
         assert got is not None and proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         _kill_tree(proc)
-        t_kill = time.monotonic()
     finally:
         if proc.poll() is None:
             _kill_tree(proc)
@@ -262,9 +236,7 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
     want_version = json.loads((newest / "trainer_state.json").read_text())["version"]
     assert want_version < steps
 
-    t_restart = time.monotonic()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=480)
-    t_done = time.monotonic()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = read_jsonl(Path(cfg.run_dir) / "metrics.jsonl")
     resume = [r for r in records if r["kind"] == "resume"]
@@ -275,16 +247,12 @@ def test_sigkilled_trainer_resumes_from_newest_complete_checkpoint(tmp_path):
     assert [r["version"] for r in after] == list(range(want_version + 1, steps + 1))
     assert all(max(map(int, r["staleness_hist"] or {"0": 0})) <= 1 for r in after), [r["staleness_hist"] for r in after]
     assert all(r["duplicates"] == 0 for r in after)
+    # the adaptive task tracker came back from the checkpoint: its group count continues, not restarts
+    batch = cfg.rollout.consumer_batch_size
+    cur_after = [r for r in records[last_resume:] if r["kind"] == "curriculum"]
+    assert sum(v for k, v in cur_after[0].items() if k.startswith("groups.")) == (want_version + 1) * batch
     final = json.loads((complete_checkpoints(ckroot)[-1] / "trainer_state.json").read_text())
     assert final["version"] == steps
-    record("trainer_sigkill", {
-        "resumed_version": want_version, "final_version": final["version"],
-        "max_staleness_after_resume": max(max(map(int, r["staleness_hist"] or {"0": 0})) for r in after),
-        "eta": 1, "recovery_s": round(t_restart - t_kill + resume[-1]["time"], 1),
-        "recovery_note": "kill -> rerun with recover=auto has loaded the checkpoint and pushed its weights "
-                         "(process start-up, system build, resume)",
-        "kill_to_run_completed_s": round(t_done - t_kill, 1), "steps_after_resume": steps - want_version, "trajectories_lost": 0, "duplicates": 0, "run_completed": True,
-    })
 
 
 WRITER = """
@@ -314,7 +282,6 @@ def test_kill_during_checkpoint_write_keeps_previous_usable(tmp_path):
         seen = _wait_for(lambda: any(p.name.startswith(".tmp-") and any(p.iterdir()) for p in root.iterdir()), 60, 0.01)
         assert seen is not None and proc.poll() is None, "the write finished before the kill"
         proc.send_signal(signal.SIGKILL)
-        t_kill = time.monotonic()
         proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -324,11 +291,7 @@ def test_kill_during_checkpoint_write_keeps_previous_usable(tmp_path):
     assert ckpt is not None and ckpt.name.endswith("1")
     assert json.loads((ckpt / "trainer_state.json").read_text())["version"] == 1
     assert torch.equal(load_file(str(ckpt / "model.safetensors"))["w"], torch.ones(4, 4))
-    recovery_s = time.monotonic() - t_kill
     # the next write succeeds and clears the half-written leftover
     write_checkpoint(root, 3, 3, {"w": torch.zeros(2)}, None, keep_last=1)
     assert latest_complete_checkpoint(root).name.endswith("3")
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
-    record("checkpoint_write_kill", {"previous_checkpoint_usable": True, "recovery_s": round(recovery_s, 3),
-                                     "recovery_note": "kill -> previous checkpoint found and loaded",
-                                     "leftover_cleaned_by_next_write": True, "trajectories_lost": 0, "duplicates": 0})

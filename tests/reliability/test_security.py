@@ -59,7 +59,8 @@ def test_local_pixel_store_binds_loopback_and_needs_its_token():
             assert _post(srv.port, "/free", json.dumps({"keys": [key]}).encode(), headers)[0] == 401
         assert client.get([key]) == [b"secret screenshot"]  # the refused free did nothing
         # garbage from a holder of the token is a 400, not a crash
-        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token})
+        status, _ = _post(srv.port, "/get", b"\x80\x04not json", {TOKEN_HEADER: srv.token,
+                                                                  "Content-Type": "application/json"})
         assert status == 400
         assert client.get([key]) == [b"secret screenshot"]
     finally:
@@ -83,14 +84,14 @@ def test_inference_server_binds_loopback_by_default(tmp_path):
         assert _post(port, "/update_weight_version", b'{"weight_version": "9"}', {})[0] == 401
         assert _post(port, "/update_weights_from_disk", b'{"model_path": "/"}', {"Authorization": "Bearer no"})[0] == 401
         status, body = _post(port, "/update_weight_version", b'{"weight_version": "9"}',
-                             {"Authorization": "Bearer k3y"})
+                             {"Authorization": "Bearer k3y", "Content-Type": "application/json"})
         assert status in (200, 400) and b"API key" not in body  # with the key the request is heard
     finally:
         srv.stop()
 
 
 # Modules that receive bytes from a network peer (HTTP bodies, PixelStore frames, rollout records).
-NETWORK_MODULES = ["inference/server.py", "inference/client.py", "inference/protocol.py",
+NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py",
                    "pixelstore/local_store.py", "pixelstore/store.py", "pixelstore/ray_store.py",
                    "weights/sender.py", "weights/receiver.py", "weights/control.py", "weights/group.py",
                    "web/webgym.py", "web/browser.py", "rollout/workflow.py"]

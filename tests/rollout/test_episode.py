@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from asyncwebrl.inference.protocol import GenerationOutput
 from asyncwebrl.pixelstore.base import InProcessPixelStore
 from asyncwebrl.pixelstore.store import PixelStore
+from asyncwebrl.protocol import GenerationOutput
 from asyncwebrl.rollout.episode import run_episode
 from asyncwebrl.web.base import Observation, Task
 from asyncwebrl.web.browser import BrowserPool

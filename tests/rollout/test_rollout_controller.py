@@ -74,11 +74,11 @@ def test_no_stale_no_overrun_no_loss_no_duplicate(b, c_extra, eta, workers, fail
     ids = [g.group_id for g in consumed + dropped + leftover]
     assert len(ids) == len(set(ids))
     assert set(ids) == set(tr.emitted)
-    assert stats["dropped_stale"] == len(dropped)
+    assert stats.dropped_stale == len(dropped)
     # the weight-update bracket: no generation request started between pause and resume
     assert during == [0] * 4
     if eta == 0:
-        assert stats["staleness_hist"] == {0: 4 * b}
+        assert stats.staleness_hist == {0: 4 * b}
 
 
 def test_prepare_batch_times_out_with_a_clear_error_when_rollouts_all_fail():
@@ -89,7 +89,7 @@ def test_prepare_batch_times_out_with_a_clear_error_when_rollouts_all_fail():
         with pytest.raises(RolloutUnavailable, match="0 of 2 groups"):
             ctl.prepare_batch(timeout_s=0.5)
         assert time.monotonic() - t0 < 5
-        assert ctl.stats()["failed_rollouts"] > 0
+        assert ctl.stats().failed_rollouts > 0
     finally:
         ctl.shutdown()
 
@@ -124,7 +124,7 @@ def test_async_pool_keeps_rolling_while_the_trainer_trains():
         ctl.prepare_batch()
         time.sleep(0.3)  # "training"
         st = ctl.stats()
-        assert st["pending_groups"] >= 2  # the next batch is already waiting
+        assert st.pending_groups >= 2  # the next batch is already waiting
         t0 = time.monotonic()
         ctl.prepare_batch()
         assert time.monotonic() - t0 < 0.05
@@ -139,11 +139,11 @@ def test_stale_groups_are_dropped_counted_and_replaced():
     ctl = RolloutController.local(sim_spec(tr), cfg, on_drop_group=dropped.append).start()
     try:
         t0 = time.monotonic()
-        while ctl.stats()["pending_groups"] < 2 and time.monotonic() - t0 < 10:
+        while ctl.stats().pending_groups < 2 and time.monotonic() - t0 < 10:
             time.sleep(0.01)
         ctl.set_version(3)  # a jump: everything made at version 0 is now 3 versions old (> eta = 1)
         batch = ctl.prepare_batch(timeout_s=10)
         assert all(g.head_version >= 2 for g in batch)
-        assert len(dropped) >= 2 and ctl.stats()["dropped_stale"] == len(dropped)
+        assert len(dropped) >= 2 and ctl.stats().dropped_stale == len(dropped)
     finally:
         ctl.shutdown()

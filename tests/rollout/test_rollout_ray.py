@@ -49,10 +49,10 @@ def test_ray_workers_share_admission_and_survive_a_dead_worker(ray_session):
                 ctl.update_weights(lambda: None)
 
         train(3)
-        adm = ctl.stats()["admission"]
-        assert adm["running"] <= 4
-        assert adm["enqueued"] == adm["accepted"] + adm["rejected"] + adm["running"]
-        workers = {w["name"] for w in ctl.stats()["workers"]}
+        adm = ctl.stats().admission
+        assert adm.running <= 4
+        assert adm.enqueued == adm.accepted + adm.rejected + adm.running
+        workers = {w.name for w in ctl.stats().workers}
         assert workers == {"rollout-worker0", "rollout-worker1"}
 
         ray.kill(ctl.hosts[0].handle, no_restart=True)  # a rollout worker process dies
@@ -60,9 +60,9 @@ def test_ray_workers_share_admission_and_survive_a_dead_worker(ray_session):
         train(3)  # the other worker carries on; the trainer does not hang
         assert time.monotonic() - t0 < 60
         st = ctl.stats()
-        assert st["dead_workers"] == 1
-        adm = st["admission"]
-        assert adm["enqueued"] == adm["accepted"] + adm["rejected"] + adm["running"]
-        assert adm["running"] <= 2  # only the surviving worker's slots can be running
+        assert st.dead_workers == 1
+        adm = st.admission
+        assert adm.enqueued == adm.accepted + adm.rejected + adm.running
+        assert adm.running <= 2  # only the surviving worker's slots can be running
     finally:
         ctl.shutdown()

@@ -31,11 +31,11 @@ def model_path():
 @pytest.fixture(scope="module")
 def server(model_path):
     from asyncwebrl.inference.engine import HFEngine
-    from asyncwebrl.inference.server import launch_in_thread
+    from asyncwebrl.inference.server import ServerPolicy, launch_in_thread
 
     engine = HFEngine(model_path, max_batch_size=8)
     engine.start()
-    srv = launch_in_thread(engine)
+    srv = launch_in_thread(engine, policy=ServerPolicy(weight_roots=[model_path]))
     yield srv
     srv.stop()
     engine.stop()
@@ -56,15 +56,15 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
     store = PixelStore(64 * 2**20, 30.0, prefix="e2e")
     spec = EpisodeRolloutSpec(
         env_cfg=env_cfg, model_path=model_path,
-        client_factory=lambda: InferenceClient([server.address], timeout_s=120),
+        client_factory=lambda: InferenceClient([server.address], api_key=server.api_key, timeout_s=120),
         store=store, sampling={"max_new_tokens": 4, "temperature": 1.0}, n_samples=2, task_factory=Tasks,
         env_factory=lambda cfg: SyntheticWebEnv(cfg, SyntheticProfile()),
     )
     cfg = RolloutConfig(consumer_batch_size=1, max_concurrent_rollouts=2, max_head_offpolicyness=1)
-    on_pause, on_resume = inference_pause_hooks([server.address])
+    on_pause, on_resume = inference_pause_hooks([server.address], api_key=server.api_key)
     ctl = RolloutController.local(spec, cfg, batch_timeout_s=300, on_pause=on_pause, on_resume=on_resume,
                                   on_drop_group=pixel_freer(store)).start()
-    updater = InferenceClient([server.address], timeout_s=300)
+    updater = InferenceClient([server.address], api_key=server.api_key, timeout_s=300)
     try:
         for _ in range(2):
             v = ctl.version
@@ -89,7 +89,7 @@ def test_controller_runs_real_episodes_and_updates_weights(server, model_path):
             ctl.update_weights(transfer)
             assert server.engine.weight_version == str(v + 1) and not server.engine.paused
         st = ctl.stats()
-        assert st["consumed_groups"] == 2 and st["failed_rollouts"] == 0
+        assert st.consumed_groups == 2 and st.failed_rollouts == 0
     finally:
         ctl.shutdown()
         asyncio.run(updater.aclose())

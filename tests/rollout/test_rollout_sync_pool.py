@@ -29,8 +29,8 @@ def test_rounds_return_b_on_policy_groups_and_nothing_runs_between_rounds():
             assert tr.running == 0  # the round is over: no session keeps working while the trainer trains
             pool.update_weights(lambda: None)
         st = pool.stats()
-        assert st["rounds"] == 4 and st["consumed_groups"] == 12
-        assert st["failed_rollouts"] == tr.failed  # failed groups were counted and re-run
+        assert st.rounds == 4 and st.consumed_groups == 12
+        assert st.failed_rollouts == tr.failed  # failed groups were counted and re-run
     finally:
         pool.shutdown()
 

@@ -94,7 +94,7 @@ def uninterrupted(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: 
 
 
 def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, server: str,
-                         version: int) -> dict:
+                         version: int, api_key: str | None = None) -> dict:
     """Train one step on FSDP ranks, then the production refresh: every rank runs the per-parameter
     gather as rank 0's sender fills each bucket (`TrainerRank.broadcast_weights`), inside the refresh
     bracket; returns the full parameters (rank 0) and the transfer report."""
@@ -106,10 +106,10 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
     trainer = TrainerRank(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
     actor = trainer.actor
     actor.train_step(make_samples(actor.adapter, 4))
-    trainer.init_weight_group([server], None)
+    trainer.init_weight_group([server], api_key)
     report = None
     if rank == 0:
-        control = ControlChannel([server], None, 120)
+        control = ControlChannel([server], api_key, 120)
         try:
             _, report = RefreshBracket(None, control).refresh(version, lambda: trainer.broadcast_weights(version))
         finally:

@@ -18,11 +18,13 @@ from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.launcher import run_ranks
 
 SYNC_TIMEOUT_S = 8
+KEY = "weight-sync-test-key"
 
 
 def http(addr: str, path: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(addr + path, data=data, headers={"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
@@ -30,7 +32,8 @@ def http(addr: str, path: str, body: dict | None = None) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("srv") / "server.log"
-    srv = launch_server(model=TINY, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S)
+    srv = launch_server(model=TINY, log_path=log, weight_sync_timeout_s=SYNC_TIMEOUT_S, api_key=KEY,
+                        weights_roots=[str(tmp_path_factory.getbasetemp())])
     yield srv.address
     srv.stop()
 
@@ -41,7 +44,7 @@ def test_fsdp_gather_and_broadcast_into_server_is_bit_exact_and_served(server):
 
     before = http(server, "/weights_checksum")["sha256"]
     cfg = dict(path=TINY, lr=1e-2, mb_max_tokens=200, weight_chunked_mem_mb=1)  # several buckets
-    out = run_ranks(train_then_broadcast, 2, (cfg, server, 5), timeout_s=300)[0]
+    out = run_ranks(train_then_broadcast, 2, (cfg, server, 5, KEY), timeout_s=300)[0]
     params, report = out["params"], out["report"]
     assert report.n_buckets > 1 and report.n_tensors == len(params)
     served = http(server, "/weights_checksum")

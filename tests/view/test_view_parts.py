@@ -168,3 +168,24 @@ def test_rebuild_drops_evicted_episodes_and_escapes_html(tmp_path):
     res = build_report(tmp_path)
     assert res.n_episodes == 1
     assert not (tmp_path / "report" / "episodes" / "ep-success-1").exists()
+
+
+def test_report_shows_task_sampling_and_heldout_per_task(tmp_path):
+    from asyncwebrl.rollout.curriculum import TaskCurriculum
+    from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory
+    from asyncwebrl.web.config import TaskSamplingConfig
+
+    cur = TaskCurriculum(["miniwob/click-test", "miniwob/click-button"], TaskSamplingConfig(mode="adaptive"))
+    steps = [StepSample(prompt_ids=[1], output_ids=[2], behave_logprobs=[-0.1], versions=[0])]
+    cur.observe([RolloutGroup("g1", "miniwob/click-button#3", [
+        Trajectory(f"t{i}", "miniwob/click-button#3", steps, reward=float(i % 2), success=bool(i % 2)) for i in range(4)])])
+    rd = RunDir(tmp_path, keep_episodes=0, tensorboard=False)
+    rd.log_metrics("curriculum", 1, cur.record().flat())
+    rd.log_metrics("eval", 1, {"version": 1, "success_rate": 0.5, "per_task": {"miniwob/click-test": 0.5},
+                               "heldout_per_task": {"miniwob/click-link": 0.25}})
+    rd.close()
+    html = build_report(tmp_path).index.read_text()
+    table = html.split('id="task-sampling"')[1].split("</table>")[0]
+    assert "miniwob/click-button" in table and "0.5" in table and "not seen" in table  # click-test unobserved
+    held = html.split('id="eval-heldout"')[1].split("</table>")[0]
+    assert "miniwob/click-link" in held and "0.25" in held

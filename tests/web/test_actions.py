@@ -29,6 +29,9 @@ from asyncwebrl.web.actions import format_action, parse_action
         ("scroll(0, 200)", {"type": "scroll", "dx": 0.0, "dy": 200.0}),
         ("send_msg_to_user('It costs $12')", {"type": "answer", "text": "It costs $12"}),
         ("go_back()", {"type": "go_back"}),
+        ("select [5] [Dog]", {"type": "select", "element": 5, "option": "Dog"}),
+        ("Action: SELECT [2] [ New York ]", {"type": "select", "element": 2, "option": "New York"}),
+        ("select_option('12', 'blue')", {"type": "select", "element": 12, "option": "blue"}),
         ("first click [2] then click [5]", {"type": "click", "element": 2}),
     ],
 )
@@ -37,7 +40,7 @@ def test_documented_forms_parse(text, expected):
 
 
 @pytest.mark.parametrize("text", ["", "   ", "I would click the button", "click []", "click [a, b]",
-                                  "click('abc')", "type [3]", "mouse_click(nan, 1)", "Click [1e999, 2]", None, 42])
+                                  "click('abc')", "type [3]", "select [3]", "select_option('x', 'y')", "mouse_click(nan, 1)", "Click [1e999, 2]", None, 42])
 def test_non_actions_are_invalid(text):
     assert parse_action(text) is None
 
@@ -46,7 +49,7 @@ def test_format_roundtrip():
     for a in [{"type": "click", "element": 3}, {"type": "click", "x": 10.0, "y": 20.5},
               {"type": "type", "element": 2, "text": "Alice"}, {"type": "scroll", "direction": "up"},
               {"type": "go_back"}, {"type": "wait"}, {"type": "answer", "text": "42"},
-              {"type": "scroll", "dx": 0.0, "dy": 100.0}]:
+              {"type": "scroll", "dx": 0.0, "dy": 100.0}, {"type": "select", "element": 4, "option": "Zed"}]:
         assert parse_action(format_action(a)) == a
 
 
@@ -58,7 +61,7 @@ _alphabet = st.sampled_from(list("clickCLICKtypefil()[]'\",.0123456789 -_scrollw
 def test_fuzz_never_raises(text):
     out = parse_action(text)
     assert out is None or (isinstance(out, dict) and out["type"] in
-                           {"click", "type", "scroll", "go_back", "wait", "answer"})
+                           {"click", "type", "select", "scroll", "go_back", "wait", "answer"})
 
 
 def test_huge_output_is_bounded():

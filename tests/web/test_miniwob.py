@@ -164,3 +164,10 @@ def test_sampler_is_deterministic_and_resumable():
     assert [(t.task_id, t.seed) for t in first[:5]] != [(t.task_id, t.seed) for t in (c.next() for _ in range(5))]
     with pytest.raises(ValueError, match="saved over"):
         TaskSampler(["click-test"]).load_state_dict(state)
+
+
+def test_medium_and_heldout_subsets_are_real_tasks_disjoint_from_easy():
+    medium, held = resolve_task_names("miniwob-medium"), resolve_task_names("miniwob-heldout")
+    assert medium and held
+    assert not (set(medium) | set(held)) & set(MINIWOB_EASY)
+    assert not set(medium) & set(held)

@@ -50,5 +50,5 @@ def test_agent_stays_on_allowed_origin(runner):
         assert n_pages == 1, name  # no second window survives
         assert not res.done
     for name in ["Router", "Elsewhere", "Admin", "New tab"]:
-        assert results[name][1].invalid and results[name][1].info.get("blocked"), name
+        assert results[name][1].invalid and results[name][1].blocked, name
     assert results["Popup"][3] == "opened"  # the page ran its script; window.open just returned null

@@ -20,6 +20,7 @@ from asyncwebrl.weights.sender import WeightSender
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 30
+KEY = "weights-refresh-test-key"
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +36,13 @@ def tiny():
 @pytest.fixture(scope="module")
 def servers(tiny, tmp_path_factory):
     logs = tmp_path_factory.mktemp("srv")
-    procs = [launch_server(model=tiny, log_path=logs / f"s{i}.log", weight_sync_timeout_s=TIMEOUT_S, wait=False)
-             for i in range(2)]
+    procs = [launch_server(model=tiny, log_path=logs / f"s{i}.log", weight_sync_timeout_s=TIMEOUT_S, wait=False,
+                           api_key=KEY) for i in range(2)]
     from asyncwebrl.scheduling.servers import wait_healthy
 
     try:
         for p in procs:
-            wait_healthy(p.address, 300, proc=p)
+            wait_healthy(p.address, 300, proc=p, api_key=KEY)
         yield [p.address for p in procs]
     finally:
         for p in procs:
@@ -85,8 +86,8 @@ def get(control: ControlChannel, server: str, path: str) -> dict:
 def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny, announce_once):
     named = perturbed(tiny, seed=1 if announce_once else 2)
     version = 5 if announce_once else 6
-    sender = WeightSender(servers, None, bucket_mb=1, timeout_s=TIMEOUT_S, announce_once=announce_once)
-    control = ControlChannel(servers, None, TIMEOUT_S)
+    sender = WeightSender(servers, KEY, bucket_mb=1, timeout_s=TIMEOUT_S, announce_once=announce_once)
+    control = ControlChannel(servers, KEY, TIMEOUT_S)
     gate = RecordingGate()
     try:
         sender.init_group()
@@ -110,7 +111,7 @@ def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny
         sender.close()
         control.close()
     for s in servers:  # close() tore the group down on the servers
-        c = ControlChannel([s], None, TIMEOUT_S)
+        c = ControlChannel([s], KEY, TIMEOUT_S)
         try:
             assert info(c, s)["weight_update_groups"] == []
         finally:
@@ -118,8 +119,8 @@ def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny
 
 
 def test_refused_announcement_is_prompt_and_old_weights_keep_serving(servers, tiny):
-    control = ControlChannel(servers, None, TIMEOUT_S)
-    sender = WeightSender(servers[:1], None, bucket_mb=1, timeout_s=TIMEOUT_S)
+    control = ControlChannel(servers, KEY, TIMEOUT_S)
+    sender = WeightSender(servers[:1], KEY, bucket_mb=1, timeout_s=TIMEOUT_S)
     gate = RecordingGate()
     try:
         before = get(control, servers[0], "/weights_checksum")
@@ -150,8 +151,8 @@ def test_unreachable_server_fails_init_quickly():
 
 
 def test_dead_server_is_an_error_within_the_timeout(tiny, tmp_path):
-    srv = launch_server(model=tiny, log_path=tmp_path / "s.log", weight_sync_timeout_s=8)
-    sender = WeightSender([srv.address], None, bucket_mb=1, timeout_s=8)
+    srv = launch_server(model=tiny, log_path=tmp_path / "s.log", weight_sync_timeout_s=8, api_key=KEY)
+    sender = WeightSender([srv.address], KEY, bucket_mb=1, timeout_s=8)
     try:
         named = perturbed(tiny, seed=3)
         sender.init_group()

@@ -1,0 +1,253 @@
+"""The GPU path of the embedded engine: batched prefill + slot-based decoding over a static KV cache.
+
+`GraphEngine` keeps `HFEngine`'s request life cycle (prepare, submit, pause/resume, abort, exclusive
+weight access, stop rules, delivery) and replaces how tokens are produced:
+- prefill: all admissible waiting requests in one right-padded forward of the transformers model
+  (images encoded once, in that forward), then each row's KV is stored in its cache slot and its first
+  token sampled from the hidden state of its last prompt token;
+- decode: one `StaticDecoder` step for all running sequences (CUDA graphs on a GPU), requests join
+  after any step and leave at once (continuous batching); the live rows stay in slots [0, n): a
+  finished row's slot is filled by the last live row (its KV prefix copied);
+- sampling happens on the device (Gumbel-max at the request's temperature); a request with top-k,
+  top-p, min-p or an EOS ban (min_new_tokens) is sampled from its logits row on the CPU by the
+  plain engine's sampler, so behaviour is the same as `HFEngine`'s;
+- weights: parameters stay in place (fused views); `exclusive()` checks on exit whether any was
+  rebound and then rebuilds the fused buffers and graphs;
+- prefill batching: with sequences running, waiting requests are prefilled once `prefill_min_batch`
+  of them wait or the oldest has waited `prefill_max_wait_s` (each prefill is one eager forward
+  whatever its size, so a trickle of arrivals is grouped); with nothing running, at once;
+- Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py).
+
+Models the decoder does not support (see static_decode.supported) fall back to the plain engine.
+`make_engine` picks the engine: $ASYNCWEBRL_ENGINE = plain | graph | auto (graph on CUDA).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
+from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
+from asyncwebrl.models.vision_attention import batch_vision_attention
+from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
+from asyncwebrl.protocol import finish_reason
+
+log = logging.getLogger(__name__)
+
+
+class GraphEngine(HFEngine):
+    """HFEngine with a static-cache, graph-captured decode path (see module docstring)."""
+
+    def __init__(self, model_path: str, *, use_graphs: bool | None = None, compile_layers: bool | None = None,
+                 prefill_tokens: int = 32768, prefill_min_batch: int = 8, prefill_max_wait_s: float = 0.03,
+                 **kw: Any):
+        super().__init__(model_path, **kw)
+        on_gpu = self.device.type == "cuda"
+        self.prefill_tokens = prefill_tokens
+        self.prefill_min_batch = prefill_min_batch
+        self.prefill_max_wait_s = prefill_max_wait_s
+        self.decoder: StaticDecoder | None = None
+        reason = supported(self.model)
+        if reason:
+            log.warning("graph engine unavailable for %s (%s): plain engine", self.model_path, reason)
+            return
+        self.decoder = StaticDecoder(
+            self.model, max_slots=self.max_batch_size, max_len=self.context_len,
+            use_graphs=on_gpu if use_graphs is None else use_graphs,
+            compile_layers=on_gpu if compile_layers is None else compile_layers,
+            generator=None if on_gpu else self.generator)
+        inner = self.model.model.forward
+        self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
+        self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
+                           "decode_s": 0.0, "batched_vision_attention": batch_vision_attention(self.model)})
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.decoder is not None:
+            with self.lock:
+                self._capture()
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        log.info("engine stats at stop: %s", {k: round(v, 2) if isinstance(v, float) else v
+                                               for k, v in self.stats.items()})
+
+    def _capture(self) -> None:
+        dec = self.decoder
+        assert dec is not None
+        try:
+            n = dec.capture_all()
+        except Exception:
+            if not dec.compiled:
+                raise
+            log.exception("compiled decode layers failed; capturing the eager layers instead")
+            dec._pre, dec._post = dec._layer_fns()
+            dec.compiled = False
+            dec.reset_graphs()
+            n = dec.capture_all()
+        self.stats.update(graphs=n, capture_s=round(dec.capture_s, 2), compiled=int(dec.compiled))
+        if n:
+            log.info("captured %d decode graphs in %.1f s (compiled layers: %s)", n, dec.capture_s, dec.compiled)
+
+    @contextmanager
+    def exclusive(self, abort_all: bool = False, message: str = "aborted for a weight update") -> Iterator[None]:
+        with super().exclusive(abort_all=abort_all, message=message):
+            yield
+            dec = self.decoder
+            if dec is not None and dec.weights_moved():
+                log.warning("parameters were rebound, not written in place: rebuilding fused weights and graphs")
+                dec.refuse()
+                dec.reset_graphs()
+                self._capture()
+
+    # ---- prefill -----------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        if self.decoder is None:
+            return super()._admit()
+        while True:
+            with self._cond:
+                free = self.max_batch_size - len(self._batch)
+                if free <= 0 or not self._waiting or self._paused:
+                    return
+                if self._batch.reqs and len(self._waiting) < min(free, self.prefill_min_batch) and (
+                        time.perf_counter() - self._waiting[0].arrival < self.prefill_max_wait_s):
+                    return  # let a few more arrive; the running ones keep decoding
+                group: list[EngineRequest] = []
+                longest = 0
+                while self._waiting and len(group) < free:
+                    n = len(self._waiting[0].input_ids)
+                    if group and (len(group) + 1) * max(longest, n) > self.prefill_tokens:
+                        break
+                    longest = max(longest, n)
+                    group.append(self._waiting.pop(0))
+            try:
+                self._prefill_batch(group)
+            except Exception as e:
+                self.stats["errors"] += 1
+                log.exception("batched prefill of %d requests failed", len(group))
+                self._batch.reqs = [r for r in self._batch.reqs if r not in group]
+                del self._batch.positions[len(self._batch.reqs):]
+                del self._batch.rope_deltas[len(self._batch.reqs):]
+                for r in group:
+                    if r.finish is None:
+                        r.finish = finish_reason("abort", message=f"prefill failed: {type(e).__name__}: {e}")
+                        self._deliver(r)
+
+    @torch.inference_mode()
+    def _prefill_batch(self, group: list[EngineRequest]) -> None:
+        from transformers import DynamicCache
+
+        dec = self.decoder
+        assert dec is not None
+        t0 = time.perf_counter()
+        batch = self.adapter.collate([r.input_ids for r in group], [r.images for r in group])
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        qwen = self.family in (QWEN2VL, QWEN3VL)
+        if qwen:
+            self.model.model.rope_deltas = None
+        cache = DynamicCache()
+        out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
+        lens = torch.tensor([len(r.input_ids) for r in group], device=self.device)
+        last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
+        logits = self.model.lm_head(last).float()
+        deltas = [0] * len(group)
+        if qwen and self.model.model.rope_deltas is not None:
+            deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
+        temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
+        tok, lp = sample_rows(logits, temps, dec.generator)
+        b = self._batch
+        first = len(b.reqs)
+        dec.write_prefill(list(range(first, first + len(group))), [layer.keys for layer in cache.layers],
+                          [layer.values for layer in cache.layers])
+        b.reqs.extend(group)
+        b.positions.extend(len(r.input_ids) for r in group)
+        b.rope_deltas.extend(deltas)
+        self.stats["prefills"] += len(group)
+        self.stats["prefill_batches"] += 1
+        self._append_sampled(group, tok, lp, logits)
+        self._drop_finished()
+        self.stats["prefill_s"] += time.perf_counter() - t0
+
+    # ---- decode ------------------------------------------------------------------------------------
+    def _decode_step(self) -> None:
+        if self.decoder is None:
+            return super()._decode_step()
+        b = self._batch
+        t0 = time.perf_counter()
+        tok, lp, logits = self.decoder.step(
+            [r.output_ids[-1] for r in b.reqs], list(b.positions),
+            [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
+            [r.sampling.temperature for r in b.reqs])
+        b.positions = [p + 1 for p in b.positions]
+        self.stats["steps"] += 1
+        self._append_sampled(b.reqs, tok, lp, logits)
+        self._drop_finished()
+        self.stats["decode_s"] += time.perf_counter() - t0
+
+    def _needs_cpu(self, r: EngineRequest) -> bool:
+        sp = r.sampling
+        filtered = sp.temperature > 0 and (0 < sp.top_k < self.vocab_size or sp.top_p < 1.0 or sp.min_p > 0)
+        banned = len(r.output_ids) < sp.min_new_tokens and (not sp.ignore_eos or bool(sp.stop_token_ids))
+        return filtered or banned
+
+    def _append_sampled(self, reqs: list[EngineRequest], tok: torch.Tensor, lp: torch.Tensor,
+                        logits: torch.Tensor) -> None:
+        """Record one sampled token per request (device sampling, or the CPU sampler where needed)."""
+        n = len(reqs)
+        host = torch.stack([tok[:n].double(), lp[:n].double()]).cpu()
+        toks, lps = host[0].long().tolist(), host[1].tolist()
+        for i, r in enumerate(reqs):
+            if self._needs_cpu(r):
+                row = logits[i].float().cpu()
+                t = r.sampling.temperature if r.sampling.temperature > 0 else 1.0
+                toks[i] = self._sample(row, r)
+                lps[i] = float(torch.log_softmax(row / t, dim=-1)[toks[i]])
+            r.output_ids.append(toks[i])
+            r.logprobs.append(lps[i])
+            r.versions.append(self.weight_version)
+            self.stats["generated_tokens"] += 1
+            self._check_finish(r)
+            if r.on_token is not None:
+                r.on_token(r)
+            if r.finish is not None:
+                self._deliver(r)
+
+    def _drop_finished(self) -> None:
+        """Keep live rows in slots [0, n): each hole is filled by a live row from past n."""
+        if self.decoder is None:
+            return super()._drop_finished()
+        b = self._batch
+        live = [r.finish is None for r in b.reqs]
+        n = sum(live)
+        if n == len(b.reqs):
+            return
+        if n == 0:
+            self._batch = _RunningBatch()
+            return
+        holes = [i for i in range(n) if not live[i]]
+        movers = [i for i in range(n, len(b.reqs)) if live[i]]
+        for h, m in zip(holes, movers, strict=True):
+            self.decoder.move(m, h, b.positions[m])
+            b.reqs[h], b.positions[h], b.rope_deltas[h] = b.reqs[m], b.positions[m], b.rope_deltas[m]
+        del b.reqs[n:], b.positions[n:], b.rope_deltas[n:]
+
+
+def make_engine(model_path: str, *, device: str = "cpu", **kw: Any) -> HFEngine:
+    """The engine for a server: GraphEngine on CUDA (or when $ASYNCWEBRL_ENGINE=graph), else HFEngine."""
+    choice = os.environ.get("ASYNCWEBRL_ENGINE", "auto")
+    if choice not in ("auto", "plain", "graph"):
+        raise ValueError(f"ASYNCWEBRL_ENGINE must be auto, plain or graph, not {choice!r}")
+    if choice == "graph" or (choice == "auto" and device.startswith("cuda")):
+        return GraphEngine(model_path, device=device, **kw)
+    return HFEngine(model_path, device=device, **kw)

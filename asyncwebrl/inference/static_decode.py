@@ -1,0 +1,314 @@
+"""Decode steps of a Qwen2-style decoder over a per-slot static KV cache, captured in CUDA graphs.
+
+`StaticDecoder` runs one generation step for the first `n` slots of a fixed cache: embed the last
+token of every slot, run the decoder layers (transformers' own modules' weights), write each slot's
+new key/value at its own position, attend over the slot's valid prefix, and sample one token per
+slot at its temperature (logprob of the temperature-scaled logits, as the engine reports it). On a
+GPU the step is captured once per (batch bucket, length bucket) in a CUDA graph and replayed; the
+per-layer elementwise work may be fused by torch.compile (two small functions per layer, dynamic in
+the batch). On a CPU (tests) the same code runs eagerly.
+
+Layout and invariants:
+- `k`, `v`: [layers, slots, kv_heads, max_len, head_dim]; slot i holds the KV of the scheduler's
+  i-th running sequence, rows [0, n) are live (the scheduler compacts with `move`);
+- the q/k/v projections and the gate/up projections are views into fused buffers (one GEMM each):
+  the modules' parameters keep their names and shapes, so a weight written in place (`copy_`, what
+  weight sync and disk loads do) is what the next replay reads; `weights_moved()` says whether a
+  parameter was rebound since (then `refuse()` and recapture);
+- decoding positions: a generated token's Qwen M-RoPE positions are equal in all three sections, so
+  its rotation is plain 1-D RoPE at (length + rope_delta) with the model's own inv_freq;
+- only full-attention decoders without q/k norms are supported (`supported()` says why not).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def text_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack (embed_tokens, layers, norm, rotary_emb) of a causal LM or a Qwen VLM."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
+
+
+def supported(model: torch.nn.Module) -> str | None:
+    """None when `StaticDecoder` can drive this model; else the reason it cannot."""
+    try:
+        lm = text_model(model)
+        layer = lm.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(attn, name)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(mlp, name)
+        model.lm_head  # noqa: B018
+        lm.rotary_emb.inv_freq  # noqa: B018
+    except AttributeError as e:
+        return f"not a Qwen2/Llama-style decoder ({e})"
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return "attention with q/k norms (Qwen3) is not supported"
+    cfg = lm.config
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])) or getattr(
+            cfg, "use_sliding_window", False):
+        return "sliding-window attention is not supported"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act} is not supported"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope type {rope.get('rope_type')} is not supported"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen2/Llama RMSNorm: float32 statistics, weight applied in the input dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def sample_rows(logits: torch.Tensor, temps: torch.Tensor,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row: Gumbel-max over log_softmax(logits / T) (greedy where T == 0), and its logprob
+    under the temperature-scaled distribution (T == 0 counts as 1). No host sync; graph-capturable."""
+    logits = logits.float()
+    t = torch.where(temps > 0, temps, torch.ones_like(temps))
+    lp_all = torch.log_softmax(logits / t[:, None], dim=-1)
+    noise = torch.empty_like(lp_all).exponential_(generator=generator)
+    tok = torch.where(temps > 0, (lp_all - noise.log()).argmax(-1), logits.argmax(-1))
+    return tok, lp_all.gather(1, tok[:, None]).squeeze(1)
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    tok: torch.Tensor
+    lp: torch.Tensor
+    logits: torch.Tensor
+
+
+class StaticDecoder:
+    """Per-slot static KV cache + graph-captured decode steps (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, *, max_slots: int, max_len: int, use_graphs: bool,
+                 compile_layers: bool = False, len_buckets: tuple[int, ...] | None = None,
+                 generator: torch.Generator | None = None):
+        reason = supported(model)
+        if reason:
+            raise ValueError(f"StaticDecoder: {reason}")
+        self.model = model
+        self.lm = text_model(model)
+        cfg = self.lm.config
+        p0 = next(model.parameters())
+        self.device, self.dtype = p0.device, p0.dtype
+        self.n_layers = len(self.lm.layers)
+        attn0 = self.lm.layers[0].self_attn
+        self.head_dim = int(getattr(attn0, "head_dim", cfg.hidden_size // cfg.num_attention_heads))
+        self.n_q = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.generator = generator
+        self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_slots) + (max_slots,)
+        if len_buckets is None:
+            len_buckets, b = [], 256
+            while b < max_len:
+                len_buckets.append(b)
+                b *= 2
+            len_buckets.append(max_len)
+        self.len_buckets = tuple(sorted(set(min(x, max_len) for x in len_buckets)))
+        shape = (self.n_layers, max_slots, self.n_kv, max_len, self.head_dim)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        dev = self.device
+        self.ints = torch.zeros((3, max_slots), dtype=torch.long, device=dev)  # ids, kv_pos, rope_pos
+        self.ids, self.kv_pos, self.rope_pos = self.ints[0], self.ints[1], self.ints[2]
+        self.temps = torch.ones(max_slots, dtype=torch.float32, device=dev)
+        self.rows = torch.arange(max_slots, device=dev)
+        self.span = torch.arange(max_len, device=dev)
+        self.refuse()
+        self._pre, self._post = self._layer_fns()
+        if compile_layers:
+            self._pre = torch.compile(self._pre, dynamic=True, fullgraph=True)
+            self._post = torch.compile(self._post, dynamic=True, fullgraph=True)
+        self.compiled = compile_layers
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = None
+        self.capture_s = 0.0
+
+    # ---- fused weights ----------------------------------------------------------------------------
+    def refuse(self) -> None:
+        """Make q/k/v and gate/up parameters views of one fused buffer each (values kept)."""
+        self.fused: list[dict[str, torch.Tensor | None]] = []
+        for layer in self.lm.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.fused.append({
+                "wqkv": _fuse([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                "bqkv": _fuse([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None,
+                "wgu": _fuse([m.gate_proj.weight, m.up_proj.weight]),
+            })
+        self._ptrs = self._param_ptrs()
+
+    def _param_ptrs(self) -> list[int]:
+        return [p.data_ptr() for p in self.model.parameters()]
+
+    def weights_moved(self) -> bool:
+        """Whether any parameter was rebound (not written in place) since the graphs were made."""
+        return self._param_ptrs() != self._ptrs
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def _layer_fns(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        nq, nkv, hd, eps = self.n_q, self.n_kv, self.head_dim, self.eps
+        g = nq // nkv
+
+        def pre(h, cos, sin, ln, wqkv, bqkv):
+            x = rms_norm(h, ln, eps)
+            qkv = F.linear(x, wqkv, bqkv)
+            b = h.shape[0]
+            q = qkv[:, : nq * hd].view(b, nq, hd)
+            k = qkv[:, nq * hd: (nq + nkv) * hd].view(b, nkv, hd)
+            v = qkv[:, (nq + nkv) * hd:].view(b, nkv, hd)
+            c, s = cos[:, None, :], sin[:, None, :]
+            q = q * c + _rotate_half(q) * s
+            k = k * c + _rotate_half(k) * s
+            return q.reshape(b, nkv, g, hd), k, v
+
+        def post(h, attn, wo, ln, wgu, wdown):
+            h = h + F.linear(attn.reshape(h.shape[0], nq * hd), wo)
+            x = rms_norm(h, ln, eps)
+            gu = F.linear(x, wgu)
+            inter = gu.shape[-1] // 2
+            return h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], wdown)
+
+        return pre, post
+
+    def _forward(self, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step for slots [0, n) attending over cache columns [0, length); reads the static inputs."""
+        lm = self.lm
+        kv_pos, rows = self.kv_pos[:n], self.rows[:n]
+        h = F.embedding(self.ids[:n], lm.embed_tokens.weight)
+        rot = lm.rotary_emb
+        freqs = self.rope_pos[:n, None].float() * rot.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        scale = float(getattr(rot, "attention_scaling", 1.0))
+        cos, sin = (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
+        mask = (self.span[None, :length] <= kv_pos[:, None])[:, None, None, :]
+        for i, layer in enumerate(lm.layers):
+            f = self.fused[i]
+            q, k, v = self._pre(h, cos, sin, layer.input_layernorm.weight, f["wqkv"], f["bqkv"])
+            kc, vc = self.k[i], self.v[i]
+            kc[rows, :, kv_pos] = k
+            vc[rows, :, kv_pos] = v
+            attn = F.scaled_dot_product_attention(q, kc[:n, :, :length], vc[:n, :, :length], attn_mask=mask,
+                                                  scale=self.head_dim ** -0.5)
+            h = self._post(h, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
+                           f["wgu"], layer.mlp.down_proj.weight)
+        h = rms_norm(h, lm.norm.weight, self.eps)
+        logits = F.linear(h, self.model.lm_head.weight).float()
+        tok, lp = sample_rows(logits, self.temps[:n], self.generator)
+        return tok, lp, logits
+
+    def bucket(self, n: int, length: int) -> tuple[int, int]:
+        if n > self.max_slots or length > self.max_len:
+            raise ValueError(f"step of {n} slots x {length} positions exceeds the cache "
+                             f"({self.max_slots} x {self.max_len})")
+        return (next(b for b in self.batch_buckets if b >= n), next(b for b in self.len_buckets if b >= length))
+
+    @torch.inference_mode()
+    def step(self, ids: list[int], kv_pos: list[int], rope_pos: list[int], temps: list[float]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decode one token for slots [0, len(ids)): returns device tensors (tokens, logprobs, logits),
+        each of at least len(ids) rows (rows past it belong to idle slots)."""
+        n = len(ids)
+        nb, lb = self.bucket(n, max(kv_pos) + 1)
+        pad = nb - n
+        self.ints[:, :nb].copy_(torch.tensor([ids + [0] * pad, kv_pos + [0] * pad, rope_pos + [0] * pad]))
+        self.temps[:nb].copy_(torch.tensor(temps + [1.0] * pad, dtype=torch.float32))
+        if not self.use_graphs:
+            return self._forward(nb, lb)
+        g = self.graphs.get((nb, lb))
+        if g is None:
+            g = self._capture(nb, lb)
+        g.graph.replay()
+        return g.tok, g.lp, g.logits
+
+    def _capture(self, nb: int, lb: int) -> _Graph:
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up (and compilation) outside the capture
+                self._forward(nb, lb)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            tok, lp, logits = self._forward(nb, lb)
+        g = _Graph(graph, tok, lp, logits)
+        self.graphs[(nb, lb)] = g
+        self.capture_s += time.perf_counter() - t0
+        return g
+
+    @torch.inference_mode()
+    def capture_all(self) -> int:
+        """Capture every (batch, length) bucket now (at start-up, not in the first requests' way)."""
+        if not self.use_graphs:
+            return 0
+        self.kv_pos.zero_()
+        for nb in self.batch_buckets:
+            for lb in self.len_buckets:
+                if (nb, lb) not in self.graphs:
+                    self._capture(nb, lb)
+        torch.cuda.synchronize()
+        return len(self.graphs)
+
+    def reset_graphs(self) -> None:
+        self.graphs.clear()
+        self._pool = None
+
+    # ---- cache writes -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def write_prefill(self, slots: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Store a prefill batch's KV ([rows, kv_heads, T, head_dim] per layer; row j -> slots[j])."""
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        t = keys[0].shape[-2]
+        if t > self.max_len:
+            raise ValueError(f"prefill of {t} positions exceeds the cache length {self.max_len}")
+        for i in range(self.n_layers):
+            self.k[i, :, :, :t].index_copy_(0, idx, keys[i].to(self.dtype))
+            self.v[i, :, :, :t].index_copy_(0, idx, values[i].to(self.dtype))
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy slot src's first `length` cache positions to slot dst (compaction)."""
+        self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
+        self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Concatenate parameters along dim 0 into one buffer and rebind each to its (contiguous) view."""
+    buf = torch.cat([p.data for p in params], dim=0)
+    off = 0
+    for p in params:
+        n = p.shape[0]
+        p.data = buf[off: off + n]
+        off += n
+    return buf

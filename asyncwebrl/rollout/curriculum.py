@@ -1,0 +1,168 @@
+"""Adaptive task sampling (`env.task_sampling.mode=adaptive`): spend rollouts where GRPO learns.
+
+A GRPO group whose episodes all succeed or all fail has all-zero advantages and teaches nothing. The
+`TaskCurriculum` keeps, per task family, an exponential moving average p of the group success rate,
+updated when the TRAINER CONSUMES a group (the controller calls `observe(groups)` after
+`prepare_batch`; rollout workers never see the tracker). From the tracker it derives sampling weights,
+which the controller pushes down to the task samplers of the rollout workers
+(`rollout.set_task_weights`), the same way it pushes the weight version:
+
+    priority_i = p_i (1 - p_i)           if eps <= p_i <= 1 - eps    (the productive zone)
+               = 0                       otherwise
+               = 1/4 (the maximum)       while task i has fewer than `min_groups` observed groups
+    share_i    = floor / N + (1 - floor) * priority_i / sum_j priority_j
+               = 1 / N                   when every priority is 0
+
+Invariants: every task keeps a share of at least floor / N (no task starves, and a task whose
+success drifts back into the zone is seen again); a task never observed has the highest priority
+(new tasks get visits); the shares sum to 1; the tracker's state round-trips through
+`state_dict` / `load_state_dict` (it is saved in checkpoints, so a resumed run samples as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.web.config import TaskSamplingConfig
+
+
+def task_family(group_task_id: str) -> str:
+    """'miniwob/click-test#123' -> 'miniwob/click-test' (a group's key without its episode seed)."""
+    return group_task_id.rsplit("#", 1)[0]
+
+
+def group_success_rate(group: RolloutGroup) -> float | None:
+    """Share of successful episodes among the group's non-failed ones (None: nothing usable)."""
+    alive = [t for t in group.trajectories if not t.failed]
+    if not alive:
+        return None
+    return sum(1.0 for t in alive if t.success) / len(alive)
+
+
+def zero_advantage(group: RolloutGroup) -> bool:
+    """True when group-normalized (GRPO) advantages of the group are all zero: every usable episode got
+    the same reward, so the group carries no learning signal."""
+    rewards = [t.reward for t in group.trajectories if not t.failed and t.steps]
+    return not rewards or max(rewards) - min(rewards) < 1e-9
+
+
+@dataclass
+class TaskStat:
+    """What the tracker knows about one task family."""
+
+    success_ema: float | None = None
+    """EMA of the group success rate (None until the first consumed group)"""
+    groups: int = 0
+    """consumed groups of this task"""
+    zero_adv_groups: int = 0
+    """consumed groups whose advantages were all zero"""
+
+
+@dataclass
+class CurriculumRecord:
+    """Per-task success and sampling share at one training step (logged as metrics, shown in the report)."""
+
+    mode: str
+    success: dict[str, float | None] = field(default_factory=dict)
+    """EMA success per task (None: not observed yet)"""
+    share: dict[str, float] = field(default_factory=dict)
+    """sampling probability per task now in force"""
+    groups: dict[str, int] = field(default_factory=dict)
+    """consumed groups per task so far"""
+    in_zone: int = 0
+    """tasks whose EMA success lies in the productive zone [eps, 1 - eps]"""
+
+    def flat(self) -> dict[str, float]:
+        """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>."""
+        out: dict[str, float] = {"in_zone": float(self.in_zone)}
+        for t, v in self.success.items():
+            if v is not None:
+                out[f"success.{t}"] = v
+        out.update({f"share.{t}": v for t, v in self.share.items()})
+        out.update({f"groups.{t}": float(v) for t, v in self.groups.items()})
+        return out
+
+
+class TaskCurriculum:
+    """Per-task success tracker and the sampling shares derived from it (module docstring)."""
+
+    def __init__(self, tasks: Iterable[str], cfg: TaskSamplingConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.tasks = list(dict.fromkeys(tasks))
+        if not self.tasks:
+            raise ValueError("TaskCurriculum needs at least one task")
+        self.stats: dict[str, TaskStat] = {t: TaskStat() for t in self.tasks}
+
+    @property
+    def adaptive(self) -> bool:
+        return self.cfg.mode == "adaptive"
+
+    # ---- feedback from the trainer --------------------------------------------------------------
+    def observe(self, groups: Iterable[RolloutGroup]) -> int:
+        """Fold the consumed groups into the tracker; returns how many had all-zero advantages."""
+        zero = 0
+        a = self.cfg.ema_alpha
+        for g in groups:
+            rate = group_success_rate(g)
+            if rate is None:
+                continue
+            st = self.stats.setdefault(task_family(g.task_id), TaskStat())
+            st.success_ema = rate if st.success_ema is None else (1 - a) * st.success_ema + a * rate
+            st.groups += 1
+            if zero_advantage(g):
+                st.zero_adv_groups += 1
+                zero += 1
+        return zero
+
+    # ---- what the samplers get ------------------------------------------------------------------
+    def priority(self, task: str) -> float:
+        st = self.stats.get(task) or TaskStat()
+        if st.success_ema is None or st.groups < self.cfg.min_groups:
+            return 0.25
+        p, eps = st.success_ema, self.cfg.epsilon
+        return p * (1 - p) if eps <= p <= 1 - eps else 0.0
+
+    def shares(self) -> dict[str, float]:
+        """Sampling probability per task (uniform in mode=uniform)."""
+        n = len(self.tasks)
+        if not self.adaptive:
+            return {t: 1.0 / n for t in self.tasks}
+        pr = {t: self.priority(t) for t in self.tasks}
+        total = sum(pr.values())
+        if total <= 0:
+            return {t: 1.0 / n for t in self.tasks}
+        f = self.cfg.floor
+        return {t: f / n + (1 - f) * pr[t] / total for t in self.tasks}
+
+    def weights(self) -> dict[str, float] | None:
+        """What the controller pushes to the task samplers: the shares, or None (= uniform passes)."""
+        return self.shares() if self.adaptive else None
+
+    def record(self) -> CurriculumRecord:
+        eps = self.cfg.epsilon
+        success = {t: self.stats[t].success_ema if t in self.stats else None for t in self.tasks}
+        return CurriculumRecord(
+            mode=self.cfg.mode,
+            success=success,
+            share=self.shares(),
+            groups={t: self.stats[t].groups if t in self.stats else 0 for t in self.tasks},
+            in_zone=sum(1 for v in success.values() if v is not None and eps <= v <= 1 - eps),
+        )
+
+    # ---- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"mode": self.cfg.mode,
+                "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups}
+                          for t, s in self.stats.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        tasks = state.get("tasks")
+        if not isinstance(tasks, dict):
+            raise ValueError(f"curriculum state has no 'tasks' mapping: {state!r:.200}")
+        for t, s in tasks.items():
+            self.stats[t] = TaskStat(success_ema=s.get("success_ema"), groups=int(s.get("groups", 0)),
+                                     zero_adv_groups=int(s.get("zero_adv_groups", 0)))

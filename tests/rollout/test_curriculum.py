@@ -1,0 +1,203 @@
+"""Adaptive task sampling: the tracker's shares, the weighted sampler, and the closed loop through the
+real executor / rollout controller (groups consumed by the caller flow back as sampling weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+
+from asyncwebrl.configtree import ConfigError
+from asyncwebrl.rollout.config import RolloutConfig
+from asyncwebrl.rollout.controller import RolloutController
+from asyncwebrl.rollout.curriculum import TaskCurriculum, task_family, zero_advantage
+from asyncwebrl.rollout.hosts import RolloutSpec
+from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory, new_id
+from asyncwebrl.web.config import EnvConfig, TaskSamplingConfig
+from asyncwebrl.web.tasks import TaskSampler, make_task_sampler
+
+TRUE_P = {"synthetic/always": 1.0, "synthetic/never": 0.0, "synthetic/half": 0.5, "synthetic/mostly": 0.8}
+
+
+def _group(task_id: str, successes: list[bool]) -> RolloutGroup:
+    trajs = [Trajectory(traj_id=new_id("t-"), task_id=task_id,
+                        steps=[StepSample(prompt_ids=[1], output_ids=[2], behave_logprobs=[-0.1], versions=[0])],
+                        reward=1.0 if s else 0.0, success=s) for s in successes]
+    return RolloutGroup(group_id=new_id("g-"), task_id=task_id, trajectories=trajs)
+
+
+def _adaptive(**kw) -> TaskSamplingConfig:
+    return TaskSamplingConfig(mode="adaptive", **kw)
+
+
+def test_productive_tasks_get_more_and_no_task_starves():
+    cur = TaskCurriculum(TRUE_P, _adaptive(floor=0.2))
+    rng = random.Random(0)
+    for _ in range(30):
+        cur.observe([_group(f"{t}#{rng.randrange(99)}", [rng.random() < p for _ in range(4)]) for t, p in TRUE_P.items()])
+    share = cur.shares()
+    assert sum(share.values()) == pytest.approx(1.0)
+    # the task GRPO learns from (p = 0.5) gets the most, the solved and the hopeless ones the least
+    assert share["synthetic/half"] > share["synthetic/mostly"] > share["synthetic/always"]
+    assert share["synthetic/half"] > share["synthetic/never"]
+    # ... but every task keeps at least the exploration floor
+    assert min(share.values()) >= 0.2 / len(TRUE_P) - 1e-12
+    # and a sampler driven by these weights still draws every task
+    sampler = TaskSampler(list(TRUE_P), seed=5)
+    sampler.set_weights(share)
+    drawn = Counter(sampler.next().task_id for _ in range(4000))
+    assert set(drawn) == set(TRUE_P)
+    assert drawn["synthetic/half"] > 2 * drawn["synthetic/always"]
+    assert drawn["synthetic/always"] / 4000 == pytest.approx(share["synthetic/always"], abs=0.03)
+
+
+def test_a_new_task_gets_visits_before_known_ones():
+    cur = TaskCurriculum(["a/x", "a/y"], _adaptive(min_groups=2))
+    cur.observe([_group("a/x#1", [True, False])])
+    # x has been seen once (below min_groups): still top priority, like the unseen y
+    assert cur.shares()["a/x"] == pytest.approx(cur.shares()["a/y"])
+    cur.observe([_group("a/x#2", [True, True, True, True])] * 3)
+    assert cur.shares()["a/y"] > cur.shares()["a/x"]
+
+
+def test_uniform_mode_only_tracks():
+    cur = TaskCurriculum(TRUE_P, TaskSamplingConfig())
+    cur.observe([_group("synthetic/half#1", [True, False]), _group("synthetic/always#1", [True, True])])
+    assert cur.weights() is None
+    assert set(cur.shares().values()) == {0.25}
+    rec = cur.record()
+    assert rec.success["synthetic/half"] == 0.5 and rec.success["synthetic/never"] is None
+    assert rec.groups["synthetic/always"] == 1
+
+
+def test_zero_advantage_groups_are_counted():
+    cur = TaskCurriculum(TRUE_P, _adaptive())
+    n = cur.observe([_group("synthetic/always#1", [True] * 4), _group("synthetic/half#1", [True, False, True, False]),
+                     _group("synthetic/never#1", [False] * 4)])
+    assert n == 2
+    assert zero_advantage(_group("x#1", [False, False])) and not zero_advantage(_group("x#1", [True, False]))
+
+
+def test_state_round_trips_through_a_checkpoint_dict():
+    import json
+
+    cur = TaskCurriculum(TRUE_P, _adaptive())
+    for t, p in TRUE_P.items():
+        cur.observe([_group(t + "#0", [p >= 0.5, p > 0.9, p > 0.0, False])])
+    state = json.loads(json.dumps(cur.state_dict()))  # what extra_state.json holds
+    back = TaskCurriculum(TRUE_P, _adaptive())
+    back.load_state_dict(state)
+    assert back.shares() == cur.shares()
+    assert back.record().groups == cur.record().groups
+    with pytest.raises(ValueError, match="tasks"):
+        back.load_state_dict({"mode": "adaptive"})
+
+
+def test_sampler_rejects_bad_weights_and_is_deterministic():
+    s = TaskSampler(["click-test", "click-button"], seed=1)
+    with pytest.raises(ValueError, match="does not have"):
+        s.set_weights({"miniwob/nope": 1.0})
+    with pytest.raises(ValueError, match="positive"):
+        s.set_weights({"miniwob/click-test": 0.0})
+    w = {"miniwob/click-test": 0.9, "miniwob/click-button": 0.1}
+    a, b = TaskSampler(["click-test", "click-button"], seed=1), TaskSampler(["click-test", "click-button"], seed=1)
+    a.set_weights(w)
+    b.set_weights(w)
+    assert [a.next().group_key for _ in range(20)] == [b.next().group_key for _ in range(20)]
+    a.set_weights(None)  # back to shuffled passes: every task once per pass
+    assert {a.next().task_id for _ in range(2)} == {"miniwob/click-test", "miniwob/click-button"}
+
+
+def test_bad_config_is_rejected_at_load():
+    from asyncwebrl.config import load_run_config
+
+    with pytest.raises(ConfigError, match="floor"):
+        load_run_config(None, ["env.task_sampling.floor=0"])
+    with pytest.raises(ConfigError, match="mode"):
+        load_run_config(None, ["env.task_sampling.mode=greedy"])
+    cfg = load_run_config(None, ["env.task_sampling.mode=adaptive"])
+    assert cfg.env.task_sampling.mode == "adaptive"
+
+
+# ---- closed loop through the real executor and rollout controller ------------------------------------
+class _BernoulliWorkflow:
+    """A group of n episodes of `task`, each a success with the task's true probability (the episode
+    itself is simulated; task choice, admission, executor, controller and feedback are the real code)."""
+
+    def __init__(self, index: int, n: int):
+        self.rng, self.n = random.Random(index), n
+
+    async def __call__(self, task, version) -> RolloutGroup:
+        await asyncio.sleep(0.002)
+        g = _group(task.group_key, [self.rng.random() < TRUE_P[task.task_id] for _ in range(self.n)])
+        for t in g.trajectories:
+            t.steps[0].versions = [version()]
+        return g
+
+
+class _Spec:
+    def __init__(self, env_cfg: EnvConfig):
+        self.env_cfg = env_cfg
+
+    def make_workflow(self, index, gate):
+        return _BernoulliWorkflow(index, 4)
+
+    def make_tasks(self, index):
+        return make_task_sampler(self.env_cfg, seed=index)  # the production sampler of env.tasks
+
+
+def _closed_loop(mode: str, steps: int = 40, batch: int = 4) -> tuple[Counter, int, TaskCurriculum]:
+    env_cfg = EnvConfig(type="synthetic", tasks=",".join(t.split("/")[1] for t in TRUE_P),
+                        task_sampling=TaskSamplingConfig(mode=mode, floor=0.2))
+    cur = TaskCurriculum(make_task_sampler(env_cfg).task_ids, env_cfg.task_sampling)
+    spec = _Spec(env_cfg)
+    ctl = RolloutController.local(RolloutSpec(spec.make_workflow, spec.make_tasks),
+                                  RolloutConfig(consumer_batch_size=batch, max_head_offpolicyness=1, workers=2),
+                                  batch_timeout_s=30)
+    ctl.start()
+    consumed: Counter = Counter()
+    zero = 0
+    try:
+        for _ in range(steps):
+            groups = ctl.prepare_batch()
+            zero += cur.observe(groups)
+            if cur.adaptive:
+                ctl.set_task_weights(cur.weights())
+            consumed.update(task_family(g.task_id) for g in groups[: batch])
+            ctl.update_weights(lambda: None)
+    finally:
+        ctl.shutdown()
+    return consumed, zero, cur
+
+
+def test_adaptive_sampling_through_the_rollout_controller_spends_groups_where_advantages_are_nonzero():
+    uni, uni_zero, _ = _closed_loop("uniform")
+    ada, ada_zero, cur = _closed_loop("adaptive")
+    n = sum(ada.values())
+    assert n == sum(uni.values()) == 160
+    # every task was still visited; the p = 0.5 task got the largest share of consumed groups
+    assert set(ada) == set(TRUE_P)
+    assert ada.most_common(1)[0][0] == "synthetic/half"
+    assert ada["synthetic/half"] > uni["synthetic/half"]
+    # fewer wasted groups (all advantages zero) than uniform sampling on the same budget
+    assert ada_zero < uni_zero
+    assert cur.record().groups["synthetic/half"] == ada["synthetic/half"]
+
+
+def test_a_failed_weight_push_is_counted_and_the_worker_keeps_rolling():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rollout_sim import Tracker, sim_spec  # its task source takes no weights
+
+    ctl = RolloutController.local(sim_spec(Tracker()), RolloutConfig(consumer_batch_size=1), batch_timeout_s=30)
+    ctl.start()
+    try:
+        ctl.set_task_weights({"sim/w0": 1.0})
+        assert ctl.task_weight_push_failures == 1
+        assert len(ctl.prepare_batch()) == 1  # not marked dead: still delivers
+    finally:
+        ctl.shutdown()
