@@ -24,7 +24,7 @@ from asyncwebrl.bench.arms import ArmResult, run_arm
 from asyncwebrl.bench.common import parse_overrides, print_table, write_result
 
 DEFAULTS = {
-    "steps": 4,
+    "steps": 3,
     "batch": 2,
     "n_samples": 4,
     "max_steps": 1,
@@ -44,7 +44,8 @@ def _overrides(knobs: dict[str, Any], eta: int, decoupled: bool) -> list[str]:
            f"env.tasks={knobs['tasks']}", f"rollout.max_head_offpolicyness={eta}",
            f"actor.ppo_n_minibatches={knobs['minibatches']}", f"actor.lr={knobs['lr']}",
            f"actor.use_decoupled_loss={'true' if decoupled else 'false'}", f"scheduler.type={knobs['scheduler']}",
-           "test_rollout.enabled=false", "checkpoint.every_n_steps=0", "stats.tensorboard=false"]
+           "test_rollout.enabled=false", "checkpoint.every_n_steps=0", "stats.tensorboard=false",
+           "env.task_sampling.mode=uniform"]  # the same task stream for every arm
     return ovs + [o for o in str(knobs["extra"]).split(";") if o.strip()]
 
 
@@ -53,12 +54,30 @@ def main(overrides: list[str] | None = None) -> int:
     etas = [int(e) for e in str(knobs["etas"]).split(",") if str(e).strip()]
     if not etas or min(etas) < 0:
         raise SystemExit("bench clip: etas must be a comma list of integers >= 0, e.g. etas=1,2,4")
-    arms: list[tuple[str, int, ArmResult]] = []
-    for eta in etas:
-        arms.append(("decoupled", eta, run_arm(f"clip-dec-eta{eta}", _overrides(knobs, eta, True), knobs["fileroot"])))
     top = max(etas)
-    arms.append(("coupled", top, run_arm(f"clip-coup-eta{top}", _overrides(knobs, top, False), knobs["fileroot"])))
+    # the eta = max pair first (decoupled and coupled: the success-per-second comparison), then the other
+    # etas; the record is rewritten after every arm, so a run cut short still leaves what it measured
+    plan = [("decoupled", top), ("coupled", top)] + [("decoupled", e) for e in sorted(etas) if e != top]
+    arms: list[tuple[str, int, ArmResult]] = []
+    for loss, eta in plan:
+        tag = "dec" if loss == "decoupled" else "coup"
+        arms.append((loss, eta, run_arm(f"clip-{tag}-eta{eta}", _overrides(knobs, eta, loss == "decoupled"),
+                                        knobs["fileroot"])))
+        if len(arms) < len(plan):
+            write_result("clip", knobs, {"partial": f"{len(arms)} of {len(plan)} arms finished",
+                                         **_figures(knobs, arms, top)})
+    figures = _figures(knobs, arms, top)
+    write_result("clip", knobs, figures)
+    rows = [{"loss": loss, "eta": eta, "clip(decoupled r)": a.clip_rate, "clip(coupled ratio)": a.clip_rate_coupled,
+             "succ/s": a.successes_per_s, "steps": len(a.steps), "wall_s": a.wall_s} for loss, eta, a in arms]
+    per_eta = figures["clip_by_eta"]
+    ratios = ", ".join(f"eta={e}: {v['coupled_over_decoupled']:.2f}x" if v["coupled_over_decoupled"] else f"eta={e}: n/a"
+                       for e, v in per_eta.items())
+    print_table(rows, f"clip rate coupled/decoupled on the same batches: {ratios}")
+    return 0
 
+
+def _figures(knobs: dict[str, Any], arms: list[tuple[str, int, ArmResult]], top: int) -> dict[str, Any]:
     per_eta = {}
     for loss, eta, a in arms:
         if loss != "decoupled":
@@ -69,30 +88,27 @@ def main(overrides: list[str] | None = None) -> int:
             "coupled_over_decoupled": a.clip_rate_coupled / a.clip_rate if a.clip_rate > 0 else None,
             "staleness_hist": _sum_hist(a),
         }
-    dec_top = next(a for loss, e, a in arms if loss == "decoupled" and e == top)
-    coup_top = arms[-1][2]
+    dec_top = next((a for loss, e, a in arms if loss == "decoupled" and e == top), None)
+    coup_top = next((a for loss, e, a in arms if loss == "coupled"), None)
+    sps_dec = dec_top.successes_per_s if dec_top else None
+    sps_coup = coup_top.successes_per_s if coup_top else None
     figures = {
         "clip_by_eta": per_eta,
         "success_per_s_at_eta": top,
-        "success_per_s_decoupled": dec_top.successes_per_s,
-        "success_per_s_coupled": coup_top.successes_per_s,
-        "success_per_s_ratio_decoupled_over_coupled": (dec_top.successes_per_s / coup_top.successes_per_s
-                                                        if coup_top.successes_per_s > 0 else None),
-        "clip_rate_of_coupled_run": coup_top.clip_rate,
+        "success_per_s_decoupled": sps_dec,
+        "success_per_s_coupled": sps_coup,
+        "success_per_s_ratio_decoupled_over_coupled": sps_dec / sps_coup if sps_dec is not None and sps_coup else None,
+        "clip_rate_of_coupled_run": coup_top.clip_rate if coup_top else None,
         "anchor": "seed claim: decoupled PPO roughly halves the clip rate relative to the coupled formulation",
+        "loss_tokens_per_arm": [int(sum(s.n_tokens for s in a.steps)) for _, _, a in arms],
         "budget_note": (f"{knobs['steps']} training steps per arm x {knobs['batch']} groups x {knobs['n_samples']} "
-                        "episodes, on the machine named here; a small budget: rates carry sampling noise of a "
-                        "few hundred loss tokens per arm, and success per second over so few steps is mostly "
-                        "the starting policy's success"),
+                        "episodes on the machine named here (shared, heavily loaded): a small budget. Each rate "
+                        "is a count over the loss tokens listed in loss_tokens_per_arm, so one clipped token "
+                        "moves it by 1/that; success per second over so few steps is mostly the starting "
+                        "policy's success; staleness reaches at most steps-1 versions"),
         "arms": [{"loss": loss, "eta": eta, **a.brief()} for loss, eta, a in arms],
     }
-    write_result("clip", knobs, figures)
-    rows = [{"loss": loss, "eta": eta, "clip(decoupled r)": a.clip_rate, "clip(coupled ratio)": a.clip_rate_coupled,
-             "succ/s": a.successes_per_s, "steps": len(a.steps), "wall_s": a.wall_s} for loss, eta, a in arms]
-    ratios = ", ".join(f"eta={e}: {v['coupled_over_decoupled']:.2f}x" if v["coupled_over_decoupled"] else f"eta={e}: n/a"
-                       for e, v in per_eta.items())
-    print_table(rows, f"clip rate coupled/decoupled on the same batches: {ratios}")
-    return 0
+    return figures
 
 
 def _sum_hist(a: ArmResult) -> dict[str, int]:

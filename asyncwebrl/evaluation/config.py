@@ -16,7 +16,8 @@ class TestRolloutConfig:
     n_episodes: int = 16
     """episodes per evaluated checkpoint"""
     heldout_tasks: str = ""
-    """held-out tasks the trainer never samples, evaluated beside the training tasks ('' = none)"""
+    """held-out MiniWoB tasks the trainer never samples, evaluated beside the training tasks ('' = none;
+    ignored for env types other than miniwob)"""
     heldout_n_episodes: int = 0
     """episodes of the held-out tasks per evaluated checkpoint (0 = n_episodes)"""
     temperature: float = 0.0

@@ -31,14 +31,16 @@ def eval_task_sets(cfg) -> tuple[list[Task], list[Task]]:
     """(training-task set, held-out set) the test rollout evaluates, from the run config.
 
     test_rollout.tasks '' = the training tasks. MiniWoB: subset or task names; WebGym: ids from the task
-    file ('' = every task of it); synthetic: names. Held-out tasks (MiniWoB only) are disjoint from
-    env.tasks, which RunConfig.validate checks.
+    file ('' = every task of it); synthetic: names. Held-out tasks are MiniWoB tasks, disjoint from
+    env.tasks (RunConfig.validate checks it); other env types ignore them.
     """
     import dataclasses
 
     from asyncwebrl.web.tasks import resolve_task_names
 
     n, max_steps = cfg.test_rollout.n_episodes, cfg.env.max_steps
+    if cfg.test_rollout.heldout_tasks.strip() and cfg.env.type != "miniwob":
+        log.info("test_rollout.heldout_tasks names MiniWoB tasks; ignored for env.type=%s", cfg.env.type)
     if cfg.env.type == "webgym":
         from asyncwebrl.web.webgym import load_task_file
 
@@ -55,7 +57,7 @@ def eval_task_sets(cfg) -> tuple[list[Task], list[Task]]:
     else:
         tasks = eval_tasks([x.strip() for x in spec.split(",") if x.strip()], n, max_steps)
     heldout: list[Task] = []
-    if cfg.test_rollout.heldout_tasks.strip():
+    if cfg.test_rollout.heldout_tasks.strip() and cfg.env.type == "miniwob":
         heldout = eval_tasks(resolve_task_names(cfg.test_rollout.heldout_tasks),
                              cfg.test_rollout.heldout_n_episodes or n, max_steps)
     if cfg.env.type == "miniwob":

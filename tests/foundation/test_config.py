@@ -133,6 +133,11 @@ def test_heldout_tasks_must_not_overlap_the_training_tasks():
         load_run_config(None, ["test_rollout.heldout_tasks=no-such-task"])
     cfg = load_run_config(None, ["env.tasks=click-test", "test_rollout.heldout_tasks=click-link"])
     assert cfg.test_rollout.heldout_tasks == "click-link"
+    # the default's held-out MiniWoB tasks do not stop a run on another environment
+    cfg = load_run_config(None, ["env.type=webgym", "env.task_file=asyncwebrl/web/demo_site/tasks.jsonl"])
+    from asyncwebrl.evaluation.evaluate import eval_task_sets
+
+    assert eval_task_sets(cfg)[1] == []
 
 
 def test_eval_sets_default_to_the_training_tasks_and_take_webgym_ids():

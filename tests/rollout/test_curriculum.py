@@ -184,3 +184,20 @@ def test_adaptive_sampling_through_the_rollout_controller_spends_groups_where_ad
     # fewer wasted groups (all advantages zero) than uniform sampling on the same budget
     assert ada_zero < uni_zero
     assert cur.record().groups["synthetic/half"] == ada["synthetic/half"]
+
+
+def test_a_failed_weight_push_is_counted_and_the_worker_keeps_rolling():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rollout_sim import Tracker, sim_spec  # its task source takes no weights
+
+    ctl = RolloutController.local(sim_spec(Tracker()), RolloutConfig(consumer_batch_size=1), batch_timeout_s=30)
+    ctl.start()
+    try:
+        ctl.set_task_weights({"sim/w0": 1.0})
+        assert ctl.task_weight_push_failures == 1
+        assert len(ctl.prepare_batch()) == 1  # not marked dead: still delivers
+    finally:
+        ctl.shutdown()

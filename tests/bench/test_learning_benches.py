@@ -1,0 +1,63 @@
+"""`bench clip` and `bench curriculum` aggregate their arms into bench/results/NAME.json: the training
+runs are replaced by recorded arms here (the arms themselves are the production `run_training`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import asyncwebrl.bench.common as common
+from asyncwebrl.bench.arms import ArmResult, EvalRow, StepRow
+
+
+def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok: float) -> ArmResult:
+    step = StepRow(step=1, version=1, time=5.0, success_rate=ok, n_trajectories=4, n_successes=4 * ok,
+                   clip_rate=clip, clip_rate_coupled=coupled, n_tokens=50.0, n_groups=2, zero_adv_groups=1,
+                   staleness_hist={"0": 1, "1": 1})
+    return ArmResult(name=name, seed=seed, overrides=[], run_dir="", wall_s=10.0, setup_s=1.0, steps=[step],
+                     evals=[EvalRow(version=0, success_rate=0.5, per_task={}),
+                            EvalRow(version=1, success_rate=eval_last, per_task={})])
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    return tmp_path
+
+
+def test_clip_records_both_rates_per_eta_and_success_per_second(results, monkeypatch):
+    from asyncwebrl.bench import clip
+
+    calls = []
+
+    def fake(name, overrides, fileroot, seed=1):
+        calls.append((name, overrides))
+        eta = next(int(o.split("=")[1]) for o in overrides if o.startswith("rollout.max_head_offpolicyness="))
+        coupled = "actor.use_decoupled_loss=false" in overrides
+        return _arm(name, seed, 0.1 * eta, 0.2 * eta, 0.6, 0.25 if coupled else 0.5)
+
+    monkeypatch.setattr(clip, "run_arm", fake)
+    assert clip.main([]) == 0
+    doc = json.loads((results / "clip.json").read_text())
+    f = doc["figures"]
+    assert set(f["clip_by_eta"]) == {"1", "2", "4"} and "partial" not in f
+    assert f["clip_by_eta"]["2"]["clip_rate_decoupled"] == pytest.approx(0.2)
+    assert f["clip_by_eta"]["2"]["coupled_over_decoupled"] == pytest.approx(2.0)
+    assert f["success_per_s_ratio_decoupled_over_coupled"] == pytest.approx(2.0)
+    assert len(calls) == 4 and all("actor.ppo_n_minibatches=2" in o for _, o in calls)
+
+
+def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
+    from asyncwebrl.bench import curriculum
+
+    def fake(name, overrides, fileroot, seed=1):
+        adaptive = "env.task_sampling.mode=adaptive" in overrides
+        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5)
+
+    monkeypatch.setattr(curriculum, "run_arm", fake)
+    assert curriculum.main(["seeds=1,2", "steps=2"]) == 0
+    f = json.loads((results / "curriculum.json").read_text())["figures"]
+    assert f["seeds"] == [1, 2]
+    assert f["arms"]["uniform"]["eval_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.7)}
+    assert f["adaptive_over_uniform"] == pytest.approx(((0.9 + 1.0) / 2) / ((0.6 + 0.7) / 2))
