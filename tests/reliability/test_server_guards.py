@@ -253,6 +253,8 @@ def test_a_key_file_written_by_a_server_is_private(tmp_path, monkeypatch):
     policy, path = policy_from_args(argparse.Namespace(host="127.0.0.1", api_key=None), 1234)
     assert path and Path(path).read_text() == policy.api_key and policy.key_scope == "control"
     assert os.stat(path).st_mode & 0o777 == 0o600
+    lan, _ = policy_from_args(argparse.Namespace(host="0.0.0.0", api_key=None), 1235)
+    assert lan.key_scope == "all"  # a server others can reach never serves anything without the key
     os.chmod(path, 0o644)
     with pytest.raises(ValueError, match="readable by group/others"):
         policy_from_args(argparse.Namespace(host="127.0.0.1", api_key=None, api_key_file=path), 1234)
