@@ -63,7 +63,7 @@ class GraphEngine(HFEngine):
             self.model, max_slots=self.max_batch_size, max_len=self.context_len,
             use_graphs=on_gpu if use_graphs is None else use_graphs,
             compile_layers=on_gpu if compile_layers is None else compile_layers,
-            generator=None if on_gpu else self.generator)
+            generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
@@ -108,6 +108,15 @@ class GraphEngine(HFEngine):
                 dec.refuse()
                 dec.reset_graphs()
                 self._capture()
+
+    def _placeholder_ids(self) -> list[int]:
+        tok = self.adapter.tokenizer
+        ids = [self.adapter.image_token_id]
+        for t in ("<|video_pad|>", "<|image_pad|>"):
+            tid = tok.convert_tokens_to_ids(t)
+            if isinstance(tid, int) and tid != tok.unk_token_id:
+                ids.append(tid)
+        return [i for i in ids if i is not None]
 
     # ---- prefill -----------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -160,7 +169,7 @@ class GraphEngine(HFEngine):
         out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
         lens = torch.tensor([len(r.input_ids) for r in group], device=self.device)
         last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
-        logits = self.model.lm_head(last).float()
+        logits = dec.mask_banned(self.model.lm_head(last).float())
         deltas = [0] * len(group)
         if qwen and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
