@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from asyncwebrl.configtree import ConfigError
+from asyncwebrl.net import LOOPBACK
 
 BENCHMARKS = {
     "inference": ("asyncwebrl.bench.inference", "tokens/s of the embedded server at concurrency 1/8/32"),
@@ -22,6 +23,8 @@ BENCHMARKS = {
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
     "clip": ("asyncwebrl.bench.clip", "clip rate of decoupled vs coupled PPO at eta = 1, 2, 4 (same batches)"),
     "curriculum": ("asyncwebrl.bench.curriculum", "uniform vs adaptive task sampling, greedy eval success"),
+    "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
+    "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
 }
 
@@ -79,7 +82,7 @@ def cmd_view(args) -> int:
 def cmd_record_screens(args) -> int:
     from asyncwebrl.web.record import record_main
 
-    return record_main(args.out, args.episodes, args.tasks, args.seed)
+    return record_main(args.out, args.episodes, args.tasks, args.seed, args.width, args.height)
 
 
 def cmd_record_latency(args) -> int:
@@ -118,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start an inference server speaking SGLang's native HTTP API")
     s.add_argument("--backend", choices=["hf"], default="hf", help="hf = embedded transformers engine")
     s.add_argument("--model", default="default", help="model folder, hub id, or 'default'")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    s.add_argument("--host", default=LOOPBACK, help="bind address (loopback by default)")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--api-key", default=None,
                    help="the key (visible in the process list: prefer $ASYNCWEBRL_API_KEY or --api-key-file); "
@@ -168,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("view", help="write (and optionally serve) the HTML report of a run directory")
     v.add_argument("run_dir")
-    v.add_argument("--serve", action="store_true", help="serve the report on 127.0.0.1")
+    v.add_argument("--serve", action="store_true", help="serve the report on the loopback address")
     v.add_argument("--port", type=int, default=8765)
     v.set_defaults(func=cmd_view)
 
@@ -177,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--episodes", type=int, default=24)
     r.add_argument("--tasks", default="miniwob-easy", help="task subset or comma-separated task names")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--width", type=int, default=160, help="viewport width (1280 for full-size pages)")
+    r.add_argument("--height", type=int, default=210, help="viewport height (768 for full-size pages)")
     r.set_defaults(func=cmd_record_screens)
 
     rl = sub.add_parser("record-latency", help="time page loads, actions and session warm-up on real Chromium "
@@ -195,7 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds: every `finally` stops what its command started
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -83,6 +83,7 @@ class RunConfig:
             raise ConfigError("allocation_mode needs an inference component with role 'rollout'")
         if alloc.actor is None:
             raise ConfigError("allocation_mode needs a training component 'fsdp[actor]:dN'")
+        self._validate_inference_servers(alloc)
         if self.total_train_steps < 1:
             raise ConfigError("total_train_steps must be >= 1")
         if alloc.rollout.backend == "sglang" and self.cluster.n_gpus_per_node == 0:
@@ -99,10 +100,25 @@ class RunConfig:
 
     def _check_heldout(self) -> None:
         """Held-out tasks must be real task names and disjoint from the training tasks."""
-        if not self.test_rollout.heldout_tasks.strip() or self.env.type != "miniwob":
-            return  # held-out tasks are MiniWoB tasks; other env types ignore them (the default sets them)
+        if not self.test_rollout.heldout_tasks.strip():
+            return
         from asyncwebrl.web.tasks import resolve_task_names
 
+        if self.env.type != "miniwob":
+            # the default file's held-out set is MiniWoB's; on another env it cannot run, so it is
+            # switched off with a warning rather than failing `train env.type=webgym ...`
+            try:
+                resolve_task_names(self.test_rollout.heldout_tasks)
+            except ValueError:
+                raise ConfigError("test_rollout.heldout_tasks names MiniWoB tasks or sets; it needs "
+                                  "env.type=miniwob") from None
+            import logging
+
+            logging.getLogger("asyncwebrl").warning(
+                "test_rollout.heldout_tasks=%s names MiniWoB tasks but env.type=%s: held-out evaluation is off",
+                self.test_rollout.heldout_tasks, self.env.type)
+            self.test_rollout.heldout_tasks = ""
+            return
         try:
             held = resolve_task_names(self.test_rollout.heldout_tasks)
             train = resolve_task_names(self.env.tasks)
@@ -112,6 +128,39 @@ class RunConfig:
         if both:
             raise ConfigError(f"test_rollout.heldout_tasks must not overlap env.tasks (the trainer samples them): "
                               f"{', '.join(both)}")
+
+    def _validate_inference_servers(self, alloc) -> None:
+        """cluster.n_inference_servers against allocation_mode and rollout.mode (SPEC section 1)."""
+        n = self.cluster.n_inference_servers
+        if n is None:
+            return
+        rollout_colocated = any(len(c.allocs) > 1 and any(a.role == "rollout" for a in c.allocs)
+                                for c in alloc.components)
+        if n > 0:
+            if self.rollout.mode != "async":
+                raise ConfigError(
+                    f"cluster.n_inference_servers={n} puts rollout on dedicated inference workers, which runs "
+                    f"async; rollout.mode={self.rollout.mode} contradicts it (set rollout.mode=async, or "
+                    "cluster.n_inference_servers=0 for the synchronous pool)")
+            if rollout_colocated:
+                raise ConfigError(
+                    f"cluster.n_inference_servers={n} means rollout is not colocated with training, but "
+                    f"allocation_mode '{alloc.text}' colocates the rollout role ('|'); use '+' between them")
+            if self.cluster.n_gpus_per_node and alloc.rollout.dp != n:
+                raise ConfigError(
+                    f"cluster.n_inference_servers={n} but allocation_mode '{alloc.text}' gives the rollout role "
+                    f"{alloc.rollout.dp} device(s), one server each; make them agree")
+        elif self.rollout.mode != "sync":
+            raise ConfigError(
+                "cluster.n_inference_servers=0 means no dedicated inference workers (rollout and training "
+                f"take turns), which is rollout.mode=sync; rollout.mode={self.rollout.mode} needs dedicated "
+                "servers (set cluster.n_inference_servers > 0 or null)")
+
+    @property
+    def n_rollout_servers(self) -> int:
+        """How many train-rollout servers start: cluster.n_inference_servers when > 0, else one per
+        rollout device of allocation_mode."""
+        return self.cluster.n_inference_servers or self.allocation.rollout.dp
 
     @property
     def allocation(self):

@@ -103,8 +103,9 @@ def host_allowed(host_header: str | None, names: set[str]) -> bool:
         return h.lower().rstrip(".") in names
 
 
-def refusal(request, *, names: set[str], max_body: int, json_body: bool = True) -> tuple[int, str] | None:
-    """(status, message) when an aiohttp request must be refused before its body is read, else None."""
+def refusal(request, *, names: set[str], max_body: int) -> tuple[int, str] | None:
+    """(status, message) when an aiohttp request must be refused before anything else (browser marks,
+    foreign Host, oversized body), else None. The key is checked next, the body type after it."""
     marker = browser_marker(request.headers)
     if marker is not None:
         return 403, f"requests from web browsers are refused (header {marker})"
@@ -112,9 +113,14 @@ def refusal(request, *, names: set[str], max_body: int, json_body: bool = True) 
         return 403, f"Host '{request.headers.get('Host', '')}' is not a name this server serves"
     if request.content_length is not None and request.content_length > max_body:
         return 413, f"body of {request.content_length} bytes exceeds the limit of {max_body} bytes"
+    return None
+
+
+def body_type_refusal(request, want: str = "application/json") -> tuple[int, str] | None:
+    """415 when the request has a body whose Content-Type is not `want` (a form POST is text/plain)."""
     has_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
-    if json_body and has_body and request.method in ("POST", "PUT") and request.content_type != "application/json":
-        return 415, f"only application/json bodies are accepted (got '{request.content_type}')"
+    if has_body and request.content_type != want:
+        return 415, f"only {want} bodies are accepted here (got '{request.content_type}')"
     return None
 
 

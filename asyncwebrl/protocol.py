@@ -44,12 +44,14 @@ ENDPOINTS_POST = (
     "/destroy_weights_update_group",
     "/update_weights_from_disk",
     "/update_weight_version",
+    "/begin_weight_update",
+    "/end_weight_update",
 )
 ENDPOINTS_GET = ("/health", "/model_info", "/get_model_info", "/server_info", "/weights_checksum")
 CONTROL_ENDPOINTS = frozenset({
     "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request", "/init_weights_update_group",
     "/update_weights_from_distributed", "/destroy_weights_update_group", "/update_weights_from_disk",
-    "/update_weight_version",
+    "/update_weight_version", "/begin_weight_update", "/end_weight_update",
 })
 """endpoints that change what the server does or serves: they always need the server's key"""
 
@@ -332,7 +334,7 @@ def _version_str(v: Any) -> Any:
 
 
 class UpdateWeightsFromDistributedRequest(_Body):
-    """Body of POST /update_weights_from_distributed (one bucket)."""
+    """Body of POST /update_weights_from_distributed (inside a /begin_weight_update session)."""
 
     names: list[str]
     """parameter names (the model's named_parameters()), in broadcast order"""
@@ -347,9 +349,16 @@ class UpdateWeightsFromDistributedRequest(_Body):
     abort_all_requests: bool = False
     """end in-flight requests with finish_reason abort instead of pausing them"""
     weight_version: str | int | None = None
-    """new weight version once this bucket is in"""
-    load_format: str | None = None
-    """accepted for compatibility; must be null"""
+    """new weight version once this announcement is in (the refresh bracket sets it once, at the end)"""
+    load_format: Literal["flattened_bucket"] | None = None
+    """null: one broadcast per tensor; "flattened_bucket": one broadcast of the tensors' bytes laid end to end"""
+    bucket_sizes: list[int] | None = None
+    """extension (hf backend, advertised in /server_info weight_update_extensions): tensors per
+    flattened bucket, so one announcement covers every bucket of a refresh"""
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
+    torch_empty_cache: bool = False
+    """accepted for compatibility"""
 
     _v = field_validator("weight_version")(classmethod(lambda cls, v: _version_str(v)))
 
@@ -364,10 +373,20 @@ class UpdateWeightsFromDistributedRequest(_Body):
             if any(x < 0 for x in s):
                 raise ValueError(f"negative dimension in shape {s}")
         if len(set(self.names)) != len(self.names):
-            raise ValueError("names must be unique within one bucket")
-        if self.load_format is not None:
-            raise ValueError("load_format is not supported by the hf backend")
+            raise ValueError("names must be unique within one announcement")
+        if self.bucket_sizes is not None:
+            if self.load_format != "flattened_bucket":
+                raise ValueError("bucket_sizes needs load_format 'flattened_bucket'")
+            if any(n <= 0 for n in self.bucket_sizes) or sum(self.bucket_sizes) != len(self.names):
+                raise ValueError("bucket_sizes must be positive and add up to the number of names")
         return self
+
+
+class BeginWeightUpdateRequest(_Body):
+    """Body of POST /begin_weight_update (opens the update session SGLang 0.5.x requires)."""
+
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
 
 
 class DestroyWeightsUpdateGroupRequest(_Body):
@@ -420,6 +439,8 @@ REQUEST_TYPES: dict[str, type[_Body]] = {
     "/destroy_weights_update_group": DestroyWeightsUpdateGroupRequest,
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
+    "/begin_weight_update": BeginWeightUpdateRequest,
+    "/end_weight_update": EmptyRequest,
 }
 
 
@@ -489,12 +510,12 @@ def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_ch
     if req.input_ids is not None:
         for i, ids in enumerate(req.input_ids if req.is_batch else [req.input_ids]):
             if len(ids) > max_tokens:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}the input ({len(ids)} tokens) is "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}the input ({len(ids)} tokens) is "
                                     f"longer than the model's context length ({max_tokens} tokens)")
     if req.text is not None:
         for i, t in enumerate(req.text if req.is_batch else [req.text]):
             if len(t) > max_chars:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}prompt text of {len(t)} characters "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}prompt text of {len(t)} characters "
                                     f"exceeds the limit of {max_chars}")
     return req
 

@@ -246,7 +246,9 @@ def main(overrides: list[str]) -> int:
             finally:
                 import aiohttp
 
-                async with aiohttp.ClientSession() as http, http.get(f"{srv.address}/get_server_info") as resp:
+                auth = {"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else {}
+                async with aiohttp.ClientSession(headers=auth) as http, \
+                        http.get(f"{srv.address}/get_server_info") as resp:
                     info.update(await resp.json())
                 await client.aclose()
 
@@ -268,7 +270,8 @@ def main(overrides: list[str]) -> int:
     stats = info.get("stats", {})
     figures["engine"] = info.get("engine", "?")
     figures["engine_stats"] = {k: stats.get(k) for k in ("graphs", "compiled", "capture_s", "prefill_batches",
-                                                          "prefills", "steps") if k in stats}
+                                                          "prefills", "steps", "prefill_s", "decode_s",
+                                                          "batched_vision_attention") if k in stats}
     if bound is not None:
         figures["decoder_weight_gb"] = round(bound.weight_bytes / 1e9, 3)
         figures["hbm_bandwidth_datasheet_tb_s"] = bound.datasheet_bytes_per_s / 1e12

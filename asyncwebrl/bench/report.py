@@ -52,7 +52,8 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench weightsync"),
     ("weightsync_gpu", [("ratio_over_floor", "refresh / flat-buffer broadcast floor (largest)"),
                         ("floor_GBps", "floor GB/s (largest)"), ("largest", "largest model")],
-     "asyncwebrl bench weightsync device=cuda backend=nccl sizes=1.5B out=weightsync_gpu (2 GPUs)"),
+     "asyncwebrl bench weightsync device=cuda backend=nccl sizes=1.5B,8B bucket_mb=1024,512,2048 disk=1 "
+     "out=weightsync_gpu (2 GPUs)"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
               ("floor_slope_mb_per_1k_episodes", "slope of the memory floor (per-window minima)"),
               ("peak_growth_mb", "peak of 2nd half minus peak of 1st half (MB)"),

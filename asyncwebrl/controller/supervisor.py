@@ -89,7 +89,8 @@ class Supervisor:
         old = s.server_handles[index]
         address = s.server_addresses[index]
         port = int(address.rsplit(":", 1)[1])
-        kw = dict(_server_kwargs(cfg, s.run, s.model_path, cfg.allocation.rollout.backend, s.api_key), port=port)
+        kw = dict(_server_kwargs(cfg, s.run, s.model_path, cfg.allocation.rollout.backend, s.api_key,
+                                   s.trainer_addresses), port=port)
         from asyncwebrl.scheduling.servers import ServerProcess
 
         if not isinstance(old, ServerProcess):
@@ -103,6 +104,7 @@ class Supervisor:
                 pass
             ray.kill(old)
             # the same bundle of the rollout placement group, once Ray has released the old actor's slice
+            kw["multi_node"] = s.scheduler.spans_nodes  # it binds its node's address again
             new = s.scheduler.start("rollout", _server_host_class(), kw, index=index)
             got = ray.get(new.address.remote(), timeout=cfg.inference.startup_timeout_s + 60)
         else:

@@ -70,6 +70,9 @@ class System:
     run: RunDir
     model_path: str = ""
     api_key: str = field(default="", repr=False)
+    trainer_addresses: list[str] = field(default_factory=list)
+    """hosts the servers may dial for the weight group besides loopback: the trainer node's address
+    when the Ray cluster spans nodes"""
     """the run's inference key: inference.api_key, or a fresh random one (launched servers always have one)"""
     scheduler: Any = None
     server_handles: list[Any] = field(default_factory=list)
@@ -126,12 +129,13 @@ class System:
                     pass
 
 
-def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_key: str) -> dict[str, Any]:
+def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_key: str,
+                   trainer_addresses: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=api_key,
                 max_batch_size=cfg.inference.max_batch_size, max_context_len=cfg.inference.max_context_len,
                 log_dir=run.root / "logs", startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
                 cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
-                weights_roots=[str(Path(run.root) / "checkpoints")])
+                weights_roots=[str(Path(run.root) / "checkpoints")], trainer_addresses=list(trainer_addresses))
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:
@@ -163,11 +167,18 @@ def _build_ray(s: System) -> None:
     from asyncwebrl.scheduling.trainer_host import start_trainer
 
     cfg = s.cfg
-    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address)
+    s.scheduler = RayScheduler(plan_roles(cfg), address=cfg.scheduler.ray_address,
+                               auth_token_file=cfg.scheduler.ray_auth_token_file)
     alloc = cfg.allocation
-    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key))
+    base = cfg.inference.base_port
+    if s.scheduler.spans_nodes:  # the weight group's master is trainer rank 0, on its node's address
+        s.trainer_addresses = [s.scheduler.bundle_address_and_port("actor", 0)[0]]
+    s.server_handles = start_servers(s.scheduler, "rollout", _server_kwargs(
+        cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key, s.trainer_addresses), base_port=base)
     if cfg.test_rollout.enabled:
-        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(cfg, s.run, s.model_path, "hf", s.api_key))
+        s.test_handles = start_servers(s.scheduler, "test-rollout", _server_kwargs(
+            cfg, s.run, s.model_path, "hf", s.api_key, s.trainer_addresses),
+            base_port=base + len(s.server_handles) if base else 0)
     s.server_addresses = ray.get([h.address.remote() for h in s.server_handles])
     s.test_addresses = ray.get([h.address.remote() for h in s.test_handles])
     if cfg.rollout.pixel_transport == "store":
@@ -192,12 +203,14 @@ def _build_local(s: System) -> None:
     devices = local_device_assignment(plan_roles(cfg), n_gpus)
     alloc = cfg.allocation
     kw = _server_kwargs(cfg, s.run, s.model_path, alloc.rollout.backend, s.api_key)
+    base = cfg.inference.base_port
     for i, dev in enumerate(devices["rollout"]):
-        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", **kw))
+        s.server_handles.append(launch_server(device=dev, name=f"rollout{i}", port=base + i if base else 0, **kw))
     if cfg.test_rollout.enabled:
         kw_test = _server_kwargs(cfg, s.run, s.model_path, "hf", s.api_key)
         for i, dev in enumerate(devices["test-rollout"]):
-            s.test_handles.append(launch_server(device=dev, name=f"test{i}", **kw_test))
+            port = base + len(devices["rollout"]) + i if base else 0
+            s.test_handles.append(launch_server(device=dev, name=f"test{i}", port=port, **kw_test))
     s.server_addresses = [h.address for h in s.server_handles]
     s.test_addresses = [h.address for h in s.test_handles]
     if cfg.rollout.pixel_transport == "store":
@@ -231,6 +244,11 @@ def _build_rollout(s: System, resume_version: int) -> None:
     kwargs: dict[str, Any] = {"on_drop_group": free_group}
     if cfg.scheduler.type == "ray" and cfg.rollout.mode == "async":
         kwargs["cpus_per_worker"] = cfg.scheduler.cpus_per_role
+        pin = cfg.scheduler.role_resources.get("rollout")
+        if pin:  # rollout workers (browsers, episode loops) sit beside the rollout servers
+            from asyncwebrl.scheduling.placement import NODE_RESOURCE_SLIVER
+
+            kwargs["worker_resources"] = {pin: NODE_RESOURCE_SLIVER}
     s.rollout = make_rollout_controller(spec, cfg.rollout, cfg.scheduler.type, **kwargs)
     if resume_version:
         s.rollout.reseed(resume_version)

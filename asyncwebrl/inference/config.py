@@ -8,16 +8,20 @@ from typing import Literal
 
 @dataclass(kw_only=True)
 class InferenceConfig:
-    host: str = "127.0.0.1"
-    """bind address of embedded servers (loopback unless told otherwise)"""
+    host: str = "node"
+    """bind address of the servers: 'node' = the node's address (loopback on one machine, Ray's node
+    IP when the Ray cluster spans nodes), or a literal address such as 0.0.0.0 (advertised as the node's)"""
     base_port: int = 0
-    """first port of the server group (0 = pick free ports)"""
+    """port of the first server on its node, the next ones counting up (train rollout, then test
+    rollout); 0 = free ports picked at start"""
     api_key: str | None = None
-    """when set, every request must carry 'Authorization: Bearer <key>'"""
+    """when set, every request but /health must carry 'Authorization: Bearer <key>'; when unset, the run
+    makes a random one (control endpoints always need a key); it reaches servers through their environment"""
     max_batch_size: int = 32
     """embedded hf backend: most sequences decoded together (continuous batching)"""
     max_context_len: int = 4096
-    """embedded hf backend: longest prompt + generation it accepts"""
+    """longest prompt + generation a server accepts (hf: --max-context-len, sglang: --context-length);
+    the launcher lets servers clamp max_new_tokens to what is left (--allow-auto-truncate)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """embedded hf backend: parameter dtype"""
     mem_fraction_static: float = 0.8
@@ -36,5 +40,7 @@ class InferenceConfig:
             raise ValueError("inference.max_batch_size must be >= 1")
         if self.weight_sync_timeout_s <= 0:
             raise ValueError("inference.weight_sync_timeout_s must be > 0")
+        if not 0 <= self.base_port <= 65535:
+            raise ValueError("inference.base_port must be in 0..65535 (0 = pick free ports)")
         if self.cpu_threads < 0:
             raise ValueError("inference.cpu_threads must be >= 0 (0 = one thread per CPU server)")

@@ -12,7 +12,11 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   top-p, min-p or an EOS ban (min_new_tokens) is sampled from its logits row on the CPU by the
   plain engine's sampler, so behaviour is the same as `HFEngine`'s;
 - weights: parameters stay in place (fused views); `exclusive()` checks on exit whether any was
-  rebound and then rebuilds the fused buffers and graphs.
+  rebound and then rebuilds the fused buffers and graphs;
+- prefill batching: with sequences running, waiting requests are prefilled once `prefill_min_batch`
+  of them wait or the oldest has waited `prefill_max_wait_s` (each prefill is one eager forward
+  whatever its size, so a trickle of arrivals is grouped); with nothing running, at once;
+- Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py).
 
 Models the decoder does not support (see static_decode.supported) fall back to the plain engine.
 `make_engine` picks the engine: $ASYNCWEBRL_ENGINE = plain | graph | auto (graph on CUDA).
@@ -23,6 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,6 +36,7 @@ import torch
 
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
+from asyncwebrl.models.vision_attention import batch_vision_attention
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
 from asyncwebrl.protocol import finish_reason
 
@@ -41,10 +47,13 @@ class GraphEngine(HFEngine):
     """HFEngine with a static-cache, graph-captured decode path (see module docstring)."""
 
     def __init__(self, model_path: str, *, use_graphs: bool | None = None, compile_layers: bool | None = None,
-                 prefill_tokens: int = 32768, **kw: Any):
+                 prefill_tokens: int = 32768, prefill_min_batch: int = 8, prefill_max_wait_s: float = 0.03,
+                 **kw: Any):
         super().__init__(model_path, **kw)
         on_gpu = self.device.type == "cuda"
         self.prefill_tokens = prefill_tokens
+        self.prefill_min_batch = prefill_min_batch
+        self.prefill_max_wait_s = prefill_max_wait_s
         self.decoder: StaticDecoder | None = None
         reason = supported(self.model)
         if reason:
@@ -54,10 +63,11 @@ class GraphEngine(HFEngine):
             self.model, max_slots=self.max_batch_size, max_len=self.context_len,
             use_graphs=on_gpu if use_graphs is None else use_graphs,
             compile_layers=on_gpu if compile_layers is None else compile_layers,
-            generator=None if on_gpu else self.generator)
+            generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
-        self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0})
+        self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
+                           "decode_s": 0.0, "batched_vision_attention": batch_vision_attention(self.model)})
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -65,6 +75,11 @@ class GraphEngine(HFEngine):
             with self.lock:
                 self._capture()
         super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        log.info("engine stats at stop: %s", {k: round(v, 2) if isinstance(v, float) else v
+                                               for k, v in self.stats.items()})
 
     def _capture(self) -> None:
         dec = self.decoder
@@ -94,6 +109,15 @@ class GraphEngine(HFEngine):
                 dec.reset_graphs()
                 self._capture()
 
+    def _placeholder_ids(self) -> list[int]:
+        tok = self.adapter.tokenizer
+        ids = [self.adapter.image_token_id]
+        for t in ("<|video_pad|>", "<|image_pad|>"):
+            tid = tok.convert_tokens_to_ids(t)
+            if isinstance(tid, int) and tid != tok.unk_token_id:
+                ids.append(tid)
+        return [i for i in ids if i is not None]
+
     # ---- prefill -----------------------------------------------------------------------------------
     def _admit(self) -> None:
         if self.decoder is None:
@@ -103,6 +127,9 @@ class GraphEngine(HFEngine):
                 free = self.max_batch_size - len(self._batch)
                 if free <= 0 or not self._waiting or self._paused:
                     return
+                if self._batch.reqs and len(self._waiting) < min(free, self.prefill_min_batch) and (
+                        time.perf_counter() - self._waiting[0].arrival < self.prefill_max_wait_s):
+                    return  # let a few more arrive; the running ones keep decoding
                 group: list[EngineRequest] = []
                 longest = 0
                 while self._waiting and len(group) < free:
@@ -130,6 +157,7 @@ class GraphEngine(HFEngine):
 
         dec = self.decoder
         assert dec is not None
+        t0 = time.perf_counter()
         batch = self.adapter.collate([r.input_ids for r in group], [r.images for r in group])
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if "pixel_values" in batch:
@@ -141,7 +169,7 @@ class GraphEngine(HFEngine):
         out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
         lens = torch.tensor([len(r.input_ids) for r in group], device=self.device)
         last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
-        logits = self.model.lm_head(last).float()
+        logits = dec.mask_banned(self.model.lm_head(last).float())
         deltas = [0] * len(group)
         if qwen and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
@@ -158,12 +186,14 @@ class GraphEngine(HFEngine):
         self.stats["prefill_batches"] += 1
         self._append_sampled(group, tok, lp, logits)
         self._drop_finished()
+        self.stats["prefill_s"] += time.perf_counter() - t0
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self) -> None:
         if self.decoder is None:
             return super()._decode_step()
         b = self._batch
+        t0 = time.perf_counter()
         tok, lp, logits = self.decoder.step(
             [r.output_ids[-1] for r in b.reqs], list(b.positions),
             [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
@@ -172,6 +202,7 @@ class GraphEngine(HFEngine):
         self.stats["steps"] += 1
         self._append_sampled(b.reqs, tok, lp, logits)
         self._drop_finished()
+        self.stats["decode_s"] += time.perf_counter() - t0
 
     def _needs_cpu(self, r: EngineRequest) -> bool:
         sp = r.sampling

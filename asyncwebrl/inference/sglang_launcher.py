@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncwebrl.net import LOOPBACK
+
 
 @dataclass(kw_only=True)
 class SGLangLaunch:
@@ -29,7 +31,7 @@ class SGLangLaunch:
     """HF model folder or hub id"""
     port: int
     """HTTP port"""
-    host: str = "127.0.0.1"
+    host: str = LOOPBACK
     """bind address (loopback unless the rollout workers are on other nodes)"""
     mem_fraction_static: float = 0.8
     """fraction of GPU memory for weights + KV cache"""
@@ -107,7 +109,7 @@ def sglang_command(launch: SGLangLaunch | None = None, /, **fields: Any) -> list
     return cmd + list(launch.extra_args)
 
 
-def hf_command(model_path: str, port: int, *, host: str = "127.0.0.1", device: str = "cpu",
+def hf_command(model_path: str, port: int, *, host: str = LOOPBACK, device: str = "cpu",
                dtype: str = "float32", key_scope: str | None = None, max_batch_size: int = 32,
                max_context_len: int = 4096, threads: int = 0, weight_sync_timeout_s: float | None = None,
                parent_pid: int | None = None, allow_auto_truncate: bool = False,

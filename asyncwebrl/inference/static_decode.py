@@ -17,7 +17,9 @@ Layout and invariants:
   parameter was rebound since (then `refuse()` and recapture);
 - decoding positions: a generated token's Qwen M-RoPE positions are equal in all three sections, so
   its rotation is plain 1-D RoPE at (length + rope_delta) with the model's own inv_freq;
-- only full-attention decoders without q/k norms are supported (`supported()` says why not).
+- only full-attention decoders without q/k norms are supported (`supported()` says why not);
+- `banned_tokens` (the image/video placeholder ids) are never sampled: a generated placeholder would
+  make the trainer's teacher-forced forward count more image tokens than the images provide.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class StaticDecoder:
 
     def __init__(self, model: torch.nn.Module, *, max_slots: int, max_len: int, use_graphs: bool,
                  compile_layers: bool = False, len_buckets: tuple[int, ...] | None = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, banned_tokens: list[int] | None = None):
         reason = supported(model)
         if reason:
             raise ValueError(f"StaticDecoder: {reason}")
@@ -137,6 +139,9 @@ class StaticDecoder:
         self.ids, self.kv_pos, self.rope_pos = self.ints[0], self.ints[1], self.ints[2]
         self.temps = torch.ones(max_slots, dtype=torch.float32, device=dev)
         self.rows = torch.arange(max_slots, device=dev)
+        vocab = int(self.model.lm_head.weight.shape[0])
+        banned = sorted({t for t in (banned_tokens or []) if t is not None and 0 <= t < vocab})
+        self.banned = torch.tensor(banned, dtype=torch.long, device=dev) if banned else None
         self.span = torch.arange(max_len, device=dev)
         self.refuse()
         self._pre, self._post = self._layer_fns()
@@ -216,9 +221,15 @@ class StaticDecoder:
             h = self._post(h, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
                            f["wgu"], layer.mlp.down_proj.weight)
         h = rms_norm(h, lm.norm.weight, self.eps)
-        logits = F.linear(h, self.model.lm_head.weight).float()
+        logits = self.mask_banned(F.linear(h, self.model.lm_head.weight).float())
         tok, lp = sample_rows(logits, self.temps[:n], self.generator)
         return tok, lp, logits
+
+    def mask_banned(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with the never-generated tokens (image/video placeholders) at -inf, in place."""
+        if self.banned is not None:
+            logits.index_fill_(1, self.banned, float("-inf"))
+        return logits
 
     def bucket(self, n: int, length: int) -> tuple[int, int]:
         if n > self.max_slots or length > self.max_len:

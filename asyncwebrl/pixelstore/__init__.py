@@ -14,7 +14,7 @@ from typing import Any
 
 def make_pixel_store(cfg: Any, scheduler_type: str, run_name: str) -> Any:
     """The PixelStore client for `scheduler_type` (ray | local | inprocess), sized by `cfg` (PixelStoreConfig)."""
-    capacity = int(cfg.capacity_mb) * 2**20
+    capacity = int(cfg.capacity_mb * 2**20)
     max_age = float(getattr(cfg, "max_age_s", 0.0))
     if scheduler_type == "ray":
         from asyncwebrl.pixelstore.ray_store import PixelStoreClient, launch_ray_stores

@@ -1,6 +1,6 @@
-"""The PixelStore without Ray: a small aiohttp server process on 127.0.0.1 and its client.
+"""The PixelStore without Ray: a small aiohttp server process on the loopback address and its client.
 
-Used under `scheduler.type=local` (no Ray on the box). The client offers the same API as the Ray
+Used under `scheduler.type=local` (no Ray, one machine by definition, so loopback is the address). The client offers the same API as the Ray
 client (put / put_batch / get / free / retain / count_missing / stats, plus async `a*` variants), so
 rollout and trainer code do not change with the scheduler.
 
@@ -31,7 +31,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asyncwebrl.httpguard import keys_equal, refusal, served_names
+from asyncwebrl.httpguard import body_type_refusal, keys_equal, refusal, served_names
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
 from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable
 
@@ -83,13 +84,12 @@ def build_app(store: PixelStore, token: str):
     @web.middleware
     async def auth(request, handler):
         # the gate of every listener (asyncwebrl.httpguard): no browser, no foreign Host, sized bodies
-        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES, json_body=False)
+        refused = refusal(request, names=names, max_body=MAX_BODY_BYTES)
         if refused is None and not keys_equal(request.headers.get(TOKEN_HEADER), token):
             refused = 401, "missing or wrong token"
-        if refused is None and request.can_read_body:
-            want = "application/octet-stream" if request.path == "/put_batch" else "application/json"
-            if request.content_type != want:
-                refused = 415, f"{request.path} takes {want} bodies (got '{request.content_type}')"
+        if refused is None:
+            refused = body_type_refusal(request, "application/octet-stream" if request.path == "/put_batch"
+                                        else "application/json")
         if refused is not None:
             return web.json_response({"error": refused[1]}, status=refused[0])
         try:
@@ -153,7 +153,7 @@ async def _serve(args: argparse.Namespace, token: str) -> None:
     store = PixelStore(args.capacity_bytes, args.put_timeout_s, args.prefix)
     runner = web.AppRunner(build_app(store, token), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    site = web.TCPSite(runner, LOOPBACK, args.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the port actually bound (args.port may be 0)
     print(f"PIXELSTORE_LISTENING {port}", flush=True)
@@ -179,7 +179,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def server_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="PixelStore server on 127.0.0.1 (token from $ASYNCWEBRL_PIXELSTORE_TOKEN)")
+    p = argparse.ArgumentParser(description="PixelStore server on the loopback address (token from $ASYNCWEBRL_PIXELSTORE_TOKEN)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--capacity-bytes", type=int, required=True)
     p.add_argument("--put-timeout-s", type=float, default=60.0)
@@ -213,7 +213,7 @@ class LocalStoreProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def start(self) -> LocalStoreProcess:
         with self._lock:
@@ -284,7 +284,7 @@ class LocalStoreEndpoint:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     def ensure_alive(self) -> bool:
         return False  # only the owning process restarts the server
@@ -316,7 +316,7 @@ class LocalPixelStoreClient(ThreadedAsyncAPI):
     def _conn(self) -> http.client.HTTPConnection:
         c = getattr(self._tls, "conn", None)
         if c is None or getattr(self._tls, "port", None) != self.server.port:
-            c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=self.request_timeout_s)
+            c = http.client.HTTPConnection(LOOPBACK, self.server.port, timeout=self.request_timeout_s)
             self._tls.conn, self._tls.port = c, self.server.port
         return c
 

@@ -46,6 +46,8 @@ class PixelStoreStats:
     blocked_s: float
     """total time puts spent waiting for room"""
     peak_bytes: int
+    bytes_put: int = 0
+    """bytes stored by all puts so far (the traffic the store has turned over)"""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +72,7 @@ class PixelStore:
         self._c = dict(puts=0, gets=0, frees=0, evictions=0, missing=0, blocked_puts=0)
         self._blocked_s = 0.0
         self._peak = 0
+        self._bytes_put = 0
 
     def new_key(self) -> str:
         return f"{self.prefix}:{uuid.uuid4().hex}"
@@ -111,6 +114,7 @@ class PixelStore:
                 self._refs[k] = refs
                 self._born[k] = now
             self._bytes += need
+            self._bytes_put += need
             self._peak = max(self._peak, self._bytes)
             self._c["puts"] += len(blobs)
         return keys
@@ -180,6 +184,7 @@ class PixelStore:
                 capacity_bytes=self.capacity_bytes,
                 blocked_s=self._blocked_s,
                 peak_bytes=self._peak,
+                bytes_put=self._bytes_put,
                 **self._c,
             ).as_dict()
 

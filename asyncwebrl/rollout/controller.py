@@ -117,11 +117,14 @@ class RolloutController:
                    eta=rollout_cfg.max_head_offpolicyness, **kwargs)
 
     @classmethod
-    def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2, **kwargs: Any) -> RolloutController:
-        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray)."""
+    def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2,
+            worker_resources: dict[str, float] | None = None, **kwargs: Any) -> RolloutController:
+        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray);
+        `worker_resources`: custom node resources each worker needs (pins workers to nodes)."""
         hosts, staleness, actor = launch_ray_hosts(spec, rollout_cfg.workers, rollout_cfg.concurrency,
                                                    rollout_cfg.consumer_batch_size,
-                                                   rollout_cfg.max_head_offpolicyness, cpus_per_worker)
+                                                   rollout_cfg.max_head_offpolicyness, cpus_per_worker,
+                                                   resources=worker_resources)
         kwargs.setdefault("batch_timeout_s", getattr(rollout_cfg, "batch_timeout_s", 3600.0))
         return cls(hosts, staleness, batch_size=rollout_cfg.consumer_batch_size,
                    eta=rollout_cfg.max_head_offpolicyness, owned_actors=[actor], **kwargs)
@@ -311,15 +314,12 @@ class RolloutController:
         self._version = version
 
     def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
-        """pause -> fn() -> set_version -> resume; the version moves only if fn succeeded."""
+        """The refresh bracket (`asyncwebrl.weights.bracket`) on this gate alone: pause -> fn() ->
+        set_version -> resume; the version moves only if fn succeeded."""
+        from asyncwebrl.weights.bracket import RefreshBracket
+
         target = self._version + 1 if new_version is None else new_version
-        self.pause()
-        try:
-            result = fn()
-            self.set_version(target)
-        finally:
-            self.resume()
-        return result
+        return RefreshBracket(self).refresh(target, fn)[1]
 
     # -- statistics ---------------------------------------------------------------------------
     def _brief(self) -> dict:

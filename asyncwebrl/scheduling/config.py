@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 
@@ -11,9 +11,27 @@ class SchedulerConfig:
     type: Literal["local", "ray"] = "ray"
     """ray = placement groups on a (local or remote) Ray cluster; local = subprocesses, no Ray"""
     ray_address: str | None = None
-    """Ray cluster to join (None = start a local one)"""
+    """None = a private local Ray instance for this run (whatever else runs on the machine);
+    'auto' = join the cluster `ray start` runs on this machine (or $RAY_ADDRESS); 'HOST:PORT' = join it"""
+    ray_auth_token_file: str | None = None
+    """joining a cluster with Ray token authentication: the file holding its token (None = Ray's own
+    lookup: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"""
+    role_resources: dict[str, str] = field(default_factory=dict)
+    """role -> custom Ray node resource its workers need (pins roles to nodes), e.g.
+    {actor: trainer_node, rollout: rollout_node}; roles: actor, rollout (servers and rollout workers), test-rollout"""
     cpus_per_role: float = 0.2
     """CPU share of one role process on machines without GPUs (fractional Ray bundles)"""
+
+    def validate(self) -> None:
+        bad = set(self.role_resources) - {"actor", "rollout", "test-rollout"}
+        if bad:
+            raise ValueError(f"scheduler.role_resources has unknown roles {sorted(bad)} (actor, rollout, test-rollout)")
+        if self.role_resources and self.type != "ray":
+            raise ValueError("scheduler.role_resources pins roles to Ray nodes; it needs scheduler.type=ray")
+        if self.ray_address is not None and self.type != "ray":
+            raise ValueError("scheduler.ray_address joins a Ray cluster; it needs scheduler.type=ray")
+        if self.ray_auth_token_file is not None and self.ray_address is None:
+            raise ValueError("scheduler.ray_auth_token_file is for joining a cluster: set scheduler.ray_address too")
 
 
 @dataclass(kw_only=True)
@@ -22,11 +40,14 @@ class ClusterConfig:
     """nodes of the cluster"""
     n_gpus_per_node: int = 0
     """GPUs per node (0 = CPU-only machine)"""
-    n_inference_servers: int = 1
-    """dedicated inference servers for train rollout (>0 = async, disaggregated)"""
+    n_inference_servers: int | None = None
+    """train-rollout inference servers. >0: rollout runs async on that many dedicated inference
+    workers, never colocated with training (with GPUs: one per rollout device of allocation_mode);
+    0: no dedicated workers, rollout and training take turns (rollout.mode=sync); None: one server per
+    rollout device of allocation_mode, either mode"""
     fileroot: str = "runs"
     """root of run directories (checkpoints, logs, metrics)"""
 
     def validate(self) -> None:
-        if self.n_nodes < 1 or self.n_gpus_per_node < 0 or self.n_inference_servers < 0:
+        if self.n_nodes < 1 or self.n_gpus_per_node < 0 or (self.n_inference_servers or 0) < 0:
             raise ValueError("cluster.n_nodes must be >= 1, n_gpus_per_node and n_inference_servers >= 0")

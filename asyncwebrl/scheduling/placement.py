@@ -7,11 +7,14 @@ CPU slices instead, so the same layout runs (slowly) on a laptop.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from asyncwebrl.configtree import ConfigError
 
 ROLLOUT, ACTOR, TEST_ROLLOUT = "rollout", "actor", "test-rollout"
+NODE_RESOURCE_SLIVER = 0.001
+"""how much of a pinning resource a worker asks for: any node offering the resource fits many"""
 
 
 @dataclass(frozen=True)
@@ -23,11 +26,15 @@ class RolePlan:
     gpus: float
     cpus: float
     backend: str
+    node_resource: str | None = None
+    """custom Ray node resource every bundle asks a sliver of (pins the role to nodes offering it)"""
 
     def bundles(self) -> list[dict[str, float]]:
         b = {"CPU": self.cpus}
         if self.gpus:
             b["GPU"] = self.gpus
+        if self.node_resource:
+            b[self.node_resource] = NODE_RESOURCE_SLIVER
         return [dict(b) for _ in range(self.n)]
 
 
@@ -40,7 +47,7 @@ def plan_roles(cfg) -> list[RolePlan]:
         raise ConfigError("train-rollout servers run with tp=1, pp=1 (one server per device); use dN only")
     cpu_share = cfg.scheduler.cpus_per_role
     plans = [
-        RolePlan(ROLLOUT, rollout.dp, 1.0 if gpu else 0.0, 1.0 if gpu else cpu_share, rollout.backend),
+        RolePlan(ROLLOUT, cfg.n_rollout_servers, 1.0 if gpu else 0.0, 1.0 if gpu else cpu_share, rollout.backend),
         RolePlan(ACTOR, actor.world_size, 1.0 if gpu else 0.0, 1.0 if gpu else cpu_share, actor.backend),
     ]
     if cfg.test_rollout.enabled:
@@ -53,7 +60,8 @@ def plan_roles(cfg) -> list[RolePlan]:
         need = sum(p.n * p.gpus for p in plans)
         if need > total:
             raise ConfigError(f"the roles need {need:g} GPUs but the cluster has {total}")
-    return plans
+    pins = cfg.scheduler.role_resources
+    return [dataclasses.replace(p, node_resource=pins.get(p.role)) for p in plans]
 
 
 def local_device_assignment(plans: list[RolePlan], n_gpus: int) -> dict[str, list[str]]:

@@ -9,22 +9,58 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncwebrl.scheduling.placement import RolePlan
 
+_saved_env: dict[str, str | None] = {}
+"""environment init_ray changed for a token-authenticated cluster, restored by `restore_ray_env`"""
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs) -> bool:
-    """Connect to (or start) Ray; True when this call started or joined it (and so should shut it down)."""
+
+def _reload_ray_config() -> None:
+    """Ray reads RAY_AUTH_MODE into its C++ config when first imported; re-read it (what Ray's own
+    token set-up does after changing the mode)."""
+    from ray._raylet import Config
+
+    Config.initialize("")
+
+
+def restore_ray_env() -> None:
+    for k, v in _saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if _saved_env:
+        _reload_ray_config()
+    _saved_env.clear()
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, auth_token_file: str | None = None,
+             **kwargs) -> bool:
+    """Join the Ray cluster at `address` ('auto' or HOST:PORT), or start a private local instance
+    (address None) whatever else runs on the machine: no $RAY_ADDRESS nor a `ray start` cluster is
+    picked up by accident. True when this call started or joined Ray (and so should shut it down).
+    `auth_token_file`: the token of a cluster that uses Ray's token authentication."""
     import ray
 
     if ray.is_initialized():
         return False
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}}
     if address:
+        if auth_token_file:
+            path = Path(auth_token_file).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"scheduler.ray_auth_token_file {path} does not exist")
+            _saved_env.update({k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})
+            os.environ["RAY_AUTH_MODE"] = "token"
+            os.environ["RAY_AUTH_TOKEN_PATH"] = str(path.resolve())
+            _reload_ray_config()
+        # the cluster's own resources count: num_cpus/num_gpus may not be given when joining
         ray.init(address=address, runtime_env=env, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env,
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env,
                  log_to_driver=True, **kwargs)
     return True
 
@@ -45,11 +81,16 @@ class RoleGroup:
 class RayScheduler:
     """Creates the per-role placement groups and starts role actors inside them."""
 
-    def __init__(self, plans: list[RolePlan], address: str | None = None, ready_timeout_s: float = 120.0):
+    def __init__(self, plans: list[RolePlan], address: str | None = None, ready_timeout_s: float = 120.0,
+                 auth_token_file: str | None = None):
         import ray
         from ray.util.placement_group import placement_group
 
-        self.owns_ray = init_ray(address)
+        from asyncwebrl.net import ray_spans_nodes
+
+        self.owns_ray = init_ray(address, auth_token_file=auth_token_file)
+        self.spans_nodes = ray_spans_nodes()
+        """the cluster has several nodes: roles bind and advertise their node's IP, not loopback"""
         self.groups: dict[str, RoleGroup] = {}
         for p in plans:
             # STRICT_SPREAD is impossible on one node; PACK keeps a role's devices together.
@@ -71,6 +112,22 @@ class RayScheduler:
         handle = actor_cls.options(**opts).remote(*args, **kwargs)
         g.actors.append(handle)
         return handle
+
+    def bundle_address_and_port(self, role: str, index: int = 0) -> tuple[str, int]:
+        """(node address, a port free there) of bundle `index` of `role`: a rendezvous address that
+        the role's workers on other nodes can reach."""
+        import ray
+
+        from asyncwebrl.net import free_port, node_address
+
+        multi = self.spans_nodes
+
+        @ray.remote(num_cpus=0)
+        def probe() -> tuple[str, int]:
+            addr = node_address(multi)
+            return addr, free_port(addr)
+
+        return ray.get(probe.options(scheduling_strategy=self.groups[role].strategy(index)).remote(), timeout=120)
 
     def bundle_nodes(self, role: str) -> list[str]:
         """Node id of each bundle of a role (for placement checks and per-node stores)."""
@@ -96,6 +153,7 @@ class RayScheduler:
         self.groups.clear()
         if self.owns_ray:
             ray.shutdown()
+            restore_ray_env()
             self.owns_ray = False
 
 
@@ -109,6 +167,7 @@ def _server_host_class():
         def __init__(self, kwargs: dict):
             from asyncwebrl.scheduling.servers import launch_server
 
+            # binds this node's address when the cluster spans nodes (kwargs carry multi_node)
             gpu_ids = ray.get_gpu_ids()
             device = "cuda:0" if gpu_ids else "cpu"
             # Ray narrowed CUDA_VISIBLE_DEVICES to this bundle's GPU; the child inherits it.
@@ -135,7 +194,10 @@ def _server_host_class():
     return ServerHost
 
 
-def start_servers(sched: RayScheduler, role: str, server_kwargs: dict) -> list[Any]:
-    """One server per bundle of `role`; returns the host actor handles (addresses via .address())."""
+def start_servers(sched: RayScheduler, role: str, server_kwargs: dict, base_port: int = 0) -> list[Any]:
+    """One server per bundle of `role`, on port base_port + i when base_port is set; returns the host
+    actor handles (addresses via .address())."""
     host_cls = _server_host_class()
-    return [sched.start(role, host_cls, server_kwargs, index=i) for i in range(sched.groups[role].plan.n)]
+    kw = dict(server_kwargs, multi_node=sched.spans_nodes)
+    return [sched.start(role, host_cls, dict(kw, port=base_port + i if base_port else 0), index=i)
+            for i in range(sched.groups[role].plan.n)]

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncwebrl.httpguard import new_key
-from asyncwebrl.net import free_port
+from asyncwebrl.net import (
+    LOOPBACK,
+    WILDCARDS,
+    advertised_address,
+    bind_address,
+    collective_interface_env,
+    free_port,
+)
 
 KEY_ENV = "ASYNCWEBRL_API_KEY"
 
@@ -115,25 +122,30 @@ def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess 
 
 
 def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype: str = "float32",
-                  host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                  host: str = LOOPBACK, port: int = 0, api_key: str | None = None,
                   max_batch_size: int = 32, max_context_len: int = 4096, log_dir: Path | None = None,
                   log_path: Path | str | None = None, startup_timeout: float = 300.0, cpu_threads: int = 0,
                   weight_sync_timeout_s: float | None = None, env: dict[str, str] | None = None,
                   wait: bool = True, name: str = "server", allow_auto_truncate: bool = True,
                   weights_roots: list[str] | tuple[str, ...] = (),
-                  trainer_addresses: list[str] | tuple[str, ...] = ()) -> ServerProcess:
+                  trainer_addresses: list[str] | tuple[str, ...] = (), multi_node: bool = False) -> ServerProcess:
     """Start one server process on `device` ('cpu' or 'cuda:N': the server then sees only GPU N, as
     cuda:0). Its log goes to `log_path`, or to `log_dir/NAME-PORT.log`, or nowhere. With `wait` it
-    returns once /health answers (stopping the process if it never does).
+    returns once /health answers (stopping the process if it never does). `host` 'node' binds this
+    node's address (loopback unless `multi_node`, then Ray's node IP); a wildcard bind is advertised
+    at the node's address.
 
     Key: `api_key` guards every endpoint but /health; without one a fresh random key guards the
     control endpoints (generation stays open to loopback programs). Either way it is in
     `ServerProcess.api_key`. `allow_auto_truncate` (on: the rollout's budgets assume it) clamps
     max_new_tokens to the context; `weights_roots` are the folders update_weights_from_disk may read;
     `trainer_addresses` the hosts init_weights_update_group may dial besides loopback."""
-    port = port or free_port(host)
+    host = bind_address(host, multi_node)
+    port = port or free_port(LOOPBACK if host in WILDCARDS else host)
     key = api_key or new_key()
     full_env = {**os.environ, **(env or {}), KEY_ENV: key}
+    if multi_node and host not in WILDCARDS:  # its collectives (the weight group) use the same interface
+        full_env.update(collective_interface_env(host))
     if device.startswith("cuda:"):
         full_env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         device_arg = "cuda:0"
@@ -153,7 +165,7 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
     finally:
         if out is not subprocess.DEVNULL:
             out.close()
-    sp = ServerProcess(address=f"http://{host}:{port}", device=device, proc=proc,
+    sp = ServerProcess(address=f"http://{advertised_address(host, multi_node)}:{port}", device=device, proc=proc,
                        log_path=Path(log_path) if log_path is not None else None, api_key=key)
     if wait:
         try:

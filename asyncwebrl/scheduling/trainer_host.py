@@ -3,8 +3,10 @@
 Both hosts offer the same calls to the controller (`TrainerGroup`): train_step, broadcast_weights,
 save_checkpoint, load_checkpoint. Every call goes to all ranks at once (FSDP collectives need every
 rank); rank 0's answer is returned.
-Invariant: the weight-broadcast group lives on rank 0 only, beside (not instead of) the ranks'
-default FSDP group.
+Invariants: the weight-broadcast group lives on rank 0 only, beside (not instead of) the ranks'
+default FSDP group; the screenshots of a batch handed to `train_step` are freed in the PixelStore
+(one free per reference, by rank 0) when the step returns — the batch is consumed, so the store holds
+only the in-flight working set between steps.
 """
 
 from __future__ import annotations
@@ -17,17 +19,23 @@ class TrainerRank:
     """One trainer rank: an FSDPActor plus, on rank 0, the weight broadcaster to train-rollout servers."""
 
     def __init__(self, actor_cfg, rank: int, world_size: int, master_addr: str, master_port: int,
-                 device: str = "cpu", cpu_threads: int | None = None):
+                 device: str = "cpu", cpu_threads: int | None = None, multi_node: bool = False):
         import torch
 
         if cpu_threads:
             # Ray pins fractional-CPU actors to one thread; the trainer needs the cores it shares.
             torch.set_num_threads(cpu_threads)
             os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+        from asyncwebrl.net import collective_interface_env, node_address
         from asyncwebrl.training.actor import FSDPActor
+
+        if multi_node:  # FSDP and the weight group talk over this node's address, not a loopback
+            os.environ.update(collective_interface_env(node_address(True)))
 
         self.rank = rank
         self.cfg = actor_cfg
+        self.master_addr = master_addr
+        self.multi_node = multi_node
         self.actor = FSDPActor(actor_cfg, rank=rank, world_size=world_size, master_addr=master_addr,
                                master_port=master_port, device=device)
         self.broadcaster = None
@@ -36,33 +44,46 @@ class TrainerRank:
         return True
 
     def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
-        return self.actor.train_step(groups, pixel_store=pixel_store)
+        """One update on the consumed groups; rank 0 then frees their screenshots in the store (the
+        controller copied the viewer's kept episodes out before this call, so it holds no reference)."""
+        return self.actor.train_step(groups, pixel_store=pixel_store, free_pixels=True)
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
         if self.rank != 0:
             return
-        from asyncwebrl.training.weight_sync import WeightBroadcaster
+        from asyncwebrl.net import node_address
+        from asyncwebrl.weights.sender import WeightSender
 
         if self.broadcaster is not None:  # re-forming the group (a server died or came back): drop the old one
             self.broadcaster.close()
             self.broadcaster = None
-        # NCCL from the trainer's GPU when it has one, gloo from CPU memory otherwise
-        self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port,
-                                             device=str(self.actor.device))
+        # NCCL from the trainer's GPU when it has one, gloo from CPU memory otherwise; the servers dial
+        # this rank's node: its Ray node IP when the cluster spans nodes
+        self.broadcaster = WeightSender(server_addresses, api_key, master_address=node_address(self.multi_node),
+                                        master_port=master_port or 0, device=str(self.actor.device),
+                                        bucket_mb=self.cfg.weight_chunked_mem_mb,
+                                        timeout_s=self.cfg.weight_update_timeout_s)
         self.broadcaster.init_group()
 
-    def broadcast_weights(self, version: int) -> dict[str, Any]:
-        """Gather full parameters (all ranks take part), then rank 0 broadcasts them to the servers."""
-        named = self.actor.state_dict_for_broadcast()
+    def broadcast_weights(self, version: int):
+        """Send the weights to the servers, gathered one parameter at a time as the buckets fill (all
+        ranks take part in the gathers); rank 0's TransferReport, None on the other ranks."""
+        named = self.actor.iter_full_parameters()
         if self.rank != 0:
-            return {}
+            for _ in named:  # the other ranks' side of each gather
+                pass
+            return None
         if self.broadcaster is None:
             raise RuntimeError("broadcast_weights before init_weight_group")
-        return self.broadcaster.broadcast(named, version) or {}
+        return self.broadcaster.transfer(named, meta=self.actor.parameter_meta())
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last)
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last, background=background)
         return str(path) if path is not None else None
+
+    def flush_checkpoints(self) -> None:
+        self.actor.flush_checkpoints()
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self.actor.load_checkpoint(path)
@@ -96,11 +117,18 @@ class TrainerGroup:
     def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
         self._all("init_weight_group", server_addresses, api_key)
 
-    def broadcast_weights(self, version: int) -> dict[str, Any]:
+    def broadcast_weights(self, version: int):
+        """Rank 0's `TransferReport`."""
         return self._all("broadcast_weights", version)[0]
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        return self._all("save_checkpoint", root, extra_state, keep_last)[0]
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        """Rank 0's checkpoint path; with `background` it is complete only after `flush_checkpoints`
+        (or when `latest_complete_checkpoint` shows it)."""
+        return self._all("save_checkpoint", root, extra_state, keep_last, background)[0]
+
+    def flush_checkpoints(self) -> None:
+        self._all("flush_checkpoints")
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self._all("load_checkpoint", path)[0]
@@ -115,10 +143,9 @@ class TrainerGroup:
 def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
     """Start actor.world_size ranks: Ray actors in the actor placement group, or in-process (local,
     one rank; several local ranks are spawned by the FSDP tests' launcher, not by the controller)."""
-    from asyncwebrl.scheduling.servers import free_port
+    from asyncwebrl.net import LOOPBACK, free_port
 
     world = cfg.allocation.actor.world_size
-    port = free_port()
     threads = (cfg.actor.cpu_threads or os.cpu_count()) if cfg.cluster.n_gpus_per_node == 0 else None
     if scheduler is None:
         if world != 1:
@@ -126,13 +153,16 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
                 "scheduler.type=local hosts one trainer rank in the controller process; use scheduler.type=ray "
                 "for fsdp[actor]:dN with N > 1"
             )
-        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, "127.0.0.1", port, device,
+        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, LOOPBACK, free_port(LOOPBACK), device,
                                              cpu_threads=cfg.actor.cpu_threads or None)], remote=False)
     import ray
 
+    # the rendezvous is rank 0's node address (its Ray node IP when the cluster spans nodes)
+    master_addr, port = scheduler.bundle_address_and_port("actor", 0)
     remote_cls = ray.remote(max_restarts=0)(TrainerRank)
-    ranks = [scheduler.start("actor", remote_cls, cfg.actor, r, world, "127.0.0.1", port,
-                             "cuda:0" if cfg.cluster.n_gpus_per_node else "cpu", threads, index=r)
+    ranks = [scheduler.start("actor", remote_cls, cfg.actor, r, world, master_addr, port,
+                             "cuda:0" if cfg.cluster.n_gpus_per_node else "cpu", threads, scheduler.spans_nodes,
+                             index=r)
              for r in range(world)]
     ray.get([r.ready.remote() for r in ranks])
     return TrainerGroup(ranks, remote=True)

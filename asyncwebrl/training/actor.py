@@ -27,6 +27,7 @@ from torch import nn
 
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import VLMAdapter, load_model
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
@@ -34,6 +35,7 @@ from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_los
 from asyncwebrl.training.samples import (
     TrainSample,
     build_forward_batch,
+    consumed_pixel_keys,
     fetch_pixels,
     micro_batches,
     samples_from_groups,
@@ -91,7 +93,7 @@ def _decoder_layers(hf: nn.Module) -> list[nn.Module]:
 class FSDPActor:
     """One trainer rank. world_size=1 runs the same code without a process group or sharding."""
 
-    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+    def __init__(self, cfg: ActorConfig, rank: int = 0, world_size: int = 1, master_addr: str = LOOPBACK,
                  master_port: int = 29500, device: str = "cpu", init_timeout_s: float = 300.0):
         cfg.validate()
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -147,6 +149,7 @@ class FSDPActor:
         self.version = 0
         """policy version: starts at 0, +1 per train_step (SPEC section 4)"""
         self.step = 0
+        self.ckpt_writer = ckpt.CheckpointWriter()
 
     # ---- collectives (no-ops in single-process mode) --------------------------------------------
     def _all_sum(self, values: list[float]) -> list[float]:
@@ -230,7 +233,9 @@ class FSDPActor:
     def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
                    free_pixels: bool = False) -> dict[str, float]:
         """One PPO training step on the global batch (every rank passes the same batch). Returns the
-        metrics of the whole global batch on every rank; the version is incremented."""
+        metrics of the whole global batch on every rank; the version is incremented. With `free_pixels`
+        rank 0 frees every PixelStore reference the batch holds once the update is done (the batch is
+        consumed; `TrainerRank` always asks for it)."""
         t0 = time.perf_counter()
         cfg = self.cfg
         samples = self.prepare(batch)
@@ -287,7 +292,10 @@ class FSDPActor:
         self.version += 1
         self.step += 1
         if free_pixels and pixel_store is not None and self.rank == 0:
-            pixel_store.free(sorted({k for s in samples for k in s.pixel_keys}))
+            # one free per reference: the batch is consumed, its screenshots go back to the store
+            keys = consumed_pixel_keys(batch)
+            if keys:
+                pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
     def _clip_and_step(self) -> float:
@@ -313,21 +321,26 @@ class FSDPActor:
         return out
 
     # ---- weights out ------------------------------------------------------------------------------
-    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
-        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
-        out = []
+    def parameter_meta(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(HF name, dtype, full shape) of every parameter, tied weights once, in `named_parameters()`
+        order (local: no collective)."""
+        return [(name, p.dtype, tuple(p.shape)) for name, p in self.hf.named_parameters()]
+
+    def iter_full_parameters(self):
+        """Yield (HF name, full tensor) in `parameter_meta` order, gathering one parameter at a time
+        (collective under FSDP: every rank must run the iterator to the end; other ranks get their
+        gathered copy too, and drop it). Nothing larger than one parameter is held at once here."""
         for name, p in self.hf.named_parameters():
             t = p.detach()
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            if self.rank == 0:
-                out.append((name, t))
-        return out
+            yield name, t
 
-    def state_dict_for_broadcast(self) -> list[tuple[str, torch.Tensor]]:
-        """What `WeightBroadcaster.broadcast` sends: full parameters gathered on rank 0, on its device."""
-        return self.full_named_parameters()
+    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
+        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
+        out = [(n, t) for n, t in self.iter_full_parameters()]
+        return out if self.rank == 0 else []
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _optim_state_full(self) -> dict[str, Any] | None:
@@ -338,17 +351,28 @@ class FSDPActor:
             full_state_dict=True, cpu_offload=self.distributed))
 
     def save_checkpoint(self, root: str | Path, extra_state: dict[str, Any] | None = None,
-                        keep_last: int | None = None) -> Path | None:
-        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path)."""
+                        keep_last: int | None = None, background: bool = False) -> Path | None:
+        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path).
+        With `background`, rank 0 returns once its snapshot is taken and the write goes on in the
+        writer thread (at most one in flight; `flush_checkpoints` waits for it)."""
         params = self.full_named_parameters()
         optim = self._optim_state_full()
         path = None
         if self.rank == 0:
-            path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
-                                         optim, extra_state, keep_last)
+            if background:
+                path = self.ckpt_writer.submit(root, self.version, self.step, dict(params), self.model_path,
+                                               optim, extra_state, keep_last)
+            else:
+                self.ckpt_writer.wait()
+                path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
+                                             optim, extra_state, keep_last)
         if self.distributed:
             dist.barrier()
         return path
+
+    def flush_checkpoints(self, timeout_s: float | None = None) -> Path | None:
+        """Wait for the background write in flight (rank 0; a no-op elsewhere); raises its error."""
+        return self.ckpt_writer.wait(timeout_s)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and version from a complete checkpoint; returns its
@@ -390,5 +414,9 @@ class FSDPActor:
             raise ValueError(f"checkpoint does not match the model: missing {bad_missing[:5]}, unexpected {unexpected[:5]}")
 
     def close(self) -> None:
+        try:
+            self.ckpt_writer.wait()
+        except Exception:  # noqa: BLE001 - reported where it happened; closing must go on
+            pass
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()

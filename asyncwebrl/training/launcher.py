@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, free_port
 
 
 class RankFailed(RuntimeError):
@@ -44,7 +44,7 @@ def _rank_main(target: Callable[..., Any], rank: int, world_size: int, addr: str
 
 
 def run_ranks(target: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: float = 600.0,
-              master_addr: str = "127.0.0.1", threads_per_rank: int | None = None) -> list[Any]:
+              master_addr: str = LOOPBACK, threads_per_rank: int | None = None) -> list[Any]:
     """Run `target` on `world_size` fresh processes; results in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -106,6 +106,16 @@ def micro_batches(samples: list[TrainSample], max_tokens: int) -> list[list[Trai
     return out
 
 
+def consumed_pixel_keys(batch: list[RolloutGroup] | list[TrainSample]) -> list[str]:
+    """Every PixelStore reference a consumed batch holds, one entry per reference (a screenshot that a
+    sliding window reused is listed once per step that used it, matching its refcount). From groups:
+    every step of every trajectory, including steps that became no sample (no output tokens); a failed
+    trajectory released its own references already and lists none."""
+    if batch and isinstance(batch[0], RolloutGroup):
+        return [k for g in batch for t in g.trajectories for k in t.all_pixel_keys()]  # type: ignore[union-attr]
+    return [k for s in batch for k in s.pixel_keys]  # type: ignore[union-attr]
+
+
 def fetch_pixels(samples: list[TrainSample], pixel_store) -> tuple[list[TrainSample], list[list[bytes]], int]:
     """(kept samples, their encoded screenshots, number dropped for missing pixels). One store call."""
     keys = sorted({k for s in samples if s.pixels is None for k in s.pixel_keys})

@@ -183,6 +183,10 @@ class BrowserSession:
             self.popups = 0
         return out
 
+    def has_navigations(self) -> bool:
+        with self._lock:
+            return bool(self._navigations)
+
     def take_navigations(self) -> list[str]:
         """URLs the main frame requested (each redirect hop too) since the last call."""
         with self._lock:

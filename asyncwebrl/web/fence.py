@@ -269,7 +269,8 @@ class NetworkFence:
     async def close_gate(self, port: int) -> None:
         if self.closed:
             return
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(port), self._loop))
+        await asyncio.wait_for(
+            asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(port), self._loop)), 10)
 
     def close(self) -> None:
         if self.closed:
@@ -380,7 +381,14 @@ class NetworkFence:
         kept = [h for h in lines[1:] if h and h.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
         up[1].write(f"{method} {path} {version}\r\n".encode("latin-1")
                     + "".join(h + "\r\n" for h in kept).encode("latin-1") + b"Connection: close\r\n\r\n")
-        await _pipe_both(reader, writer, *up)
+        tasks = [asyncio.ensure_future(_forward_body(reader, up[1], kept)),
+                 asyncio.ensure_future(_response_closing(up[0], writer))]
+        try:  # done when the response ends or the browser hangs up, whichever is first
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            up[1].close()
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -395,9 +403,64 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         return
 
 
+async def _forward_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter, headers: list[str]) -> None:
+    """Forward exactly the request's body (Content-Length or chunked) and nothing after it: bytes the
+    browser might send next never reach the upstream that was checked for this request (they are
+    read and dropped until the browser hangs up, which ends this call)."""
+    fields = {h.split(":", 1)[0].strip().lower(): h.split(":", 1)[1].strip() for h in headers if ":" in h}
+    try:
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            while True:
+                size_line = await src.readuntil(b"\r\n")
+                dst.write(size_line)
+                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while True:  # trailer lines up to the empty one
+                        line = await src.readuntil(b"\r\n")
+                        dst.write(line)
+                        if line == b"\r\n":
+                            break
+                    break
+                dst.write(await src.readexactly(size + 2))
+                await dst.drain()
+        else:
+            left = int(fields.get("content-length", "0") or 0)
+            while left > 0:
+                data = await src.read(min(left, 65536))
+                if not data:
+                    break
+                dst.write(data)
+                left -= len(data)
+                await dst.drain()
+        await dst.drain()
+        while await src.read(65536):
+            pass
+    except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return
+
+
+async def _response_closing(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Relay an HTTP response whose head(s) say `Connection: close`: the browser never sends a second
+    request on this connection, whose upstream socket is bound to the address checked for the first."""
+    try:
+        while True:
+            head = (await src.readuntil(b"\r\n\r\n")).decode("latin-1")
+            status, *headers = head[:-4].split("\r\n")
+            kept = [h for h in headers if h.split(":", 1)[0].strip().lower()
+                    not in ("connection", "keep-alive", "proxy-connection")]
+            dst.write((status + "\r\n" + "".join(h + "\r\n" for h in kept) + "Connection: close\r\n\r\n")
+                      .encode("latin-1"))
+            code = status.split(" ", 2)[1] if status.count(" ") else ""
+            if not (len(code) == 3 and code.startswith("1") and code != "101"):
+                break  # the final head; 1xx interim heads are followed by another
+        await _pipe(src, dst)
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError):
+        return
+
+
 async def _pipe_both(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter,
                      u_reader: asyncio.StreamReader, u_writer: asyncio.StreamWriter) -> None:
-    """Relay both ways until either side ends, then close both (one request per proxied connection)."""
+    """Relay a tunnel both ways until either side ends, then close both."""
     tasks = [asyncio.ensure_future(_pipe(c_reader, u_writer)), asyncio.ensure_future(_pipe(u_reader, c_writer))]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -1,4 +1,4 @@
-"""MiniWoB++ tasks in a real browser: the `miniwob` package's HTML served on 127.0.0.1, seeded
+"""MiniWoB++ tasks in a real browser: the `miniwob` package's HTML served on loopback, seeded
 episodes started through the task's own JS, reward and done read from the WOB globals.
 
 Invariants: equal (task, seed) give the same episode (`Math.seedrandom(seed)` before
@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from asyncwebrl.net import LOOPBACK
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy, within_deadline
@@ -47,14 +48,15 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class StaticServer:
-    """A static file server on 127.0.0.1 (ephemeral port) in a daemon thread."""
+    """A static file server on loopback (ephemeral port) in a daemon thread: the browser that loads the
+    tasks runs in the same process (same node), so loopback always reaches it."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         handler = functools.partial(_QuietHandler, directory=str(self.root))
-        self.httpd = _Server(("127.0.0.1", 0), handler)
+        self.httpd = _Server((LOOPBACK, 0), handler)
         self.port = self.httpd.server_address[1]
-        self.origin = f"http://127.0.0.1:{self.port}"
+        self.origin = f"http://{LOOPBACK}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"static-{self.port}", daemon=True)
         self._thread.start()
 

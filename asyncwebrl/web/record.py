@@ -2,7 +2,8 @@
 
 GPU boxes have no Chromium; the synthetic env there can still show the policy real pages. This plays
 oracle episodes of the tasks that have oracles (and one random click per page of the others) in
-headless Chromium and writes every observed screenshot as `NNNN-TASK-sSEED-kSTEP.png`.
+headless Chromium and writes every observed screenshot as `NNNN-TASK-sSEED-kSTEP.png`, at the
+MiniWoB size (160x210) or any viewport (1280x768: the full-size pages of the WebGym setting).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from asyncwebrl.web.tasks import TaskSampler, resolve_task_names
 
 
 async def record_screens(out: Path, episodes: int, tasks: str = "miniwob-easy", seed: int = 0,
-                         max_steps: int = 4) -> list[Path]:
+                         max_steps: int = 4, width: int = 160, height: int = 210) -> list[Path]:
     from asyncwebrl.web.env_factory import make_env
 
     out.mkdir(parents=True, exist_ok=True)
-    env_cfg = EnvConfig(type="miniwob", tasks=tasks, max_steps=max_steps)
+    env_cfg = EnvConfig(type="miniwob", tasks=tasks, max_steps=max_steps, viewport_width=width, viewport_height=height)
+    env_cfg.validate()
     sampler = TaskSampler(resolve_task_names(tasks), seed=seed, max_steps=max_steps)
     rng = random.Random(seed)
     env = make_env(env_cfg)
@@ -48,8 +50,8 @@ async def record_screens(out: Path, episodes: int, tasks: str = "miniwob-easy", 
     return written
 
 
-def record_main(out: str, episodes: int, tasks: str, seed: int) -> int:
-    files = asyncio.run(record_screens(Path(out), episodes, tasks, seed))
+def record_main(out: str, episodes: int, tasks: str, seed: int, width: int = 160, height: int = 210) -> int:
+    files = asyncio.run(record_screens(Path(out), episodes, tasks, seed, width=width, height=height))
     size = sum(f.stat().st_size for f in files)
     print(f"wrote {len(files)} screenshots ({size / 1e3:.0f} kB) to {out}; "
           f"replay them with env.type=synthetic env.synthetic_replay_dir={out}")

@@ -40,7 +40,13 @@ from asyncwebrl.web.browser import (
 )
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest
-from asyncwebrl.web.observe import ELEMENTS_CALL, MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.observe import (
+    ELEMENTS_CALL,
+    MAX_ELEMENTS,
+    draw_set_of_marks,
+    element_by_id,
+    take_screenshot,
+)
 
 DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
 EVALUATORS = {
@@ -351,7 +357,7 @@ class WebGymEnv:
         try:
             executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
             if executed and action["type"] in ("click", "type", "go_back", "select"):
-                await self._settle()
+                await self._settle(action)
             blocked, restored = await self._fence_outcome(info)
             obs = await self._observe()
             await s.close_popups()
@@ -390,9 +396,16 @@ class WebGymEnv:
         except Exception:  # a slow page still gets observed as it is
             pass
 
-    async def _settle(self) -> None:
-        # navigation (link, form submit) starts asynchronously after the input event
+    async def _settle(self, action: dict[str, Any]) -> None:
+        # navigation (link, form submit) starts asynchronously after the input event; after a click on
+        # a link, give the navigation request up to a second to show up (a loaded machine is slow)
         await asyncio.sleep(max(0.05, self.cfg.action_settle_ms / 1000))
+        target = element_by_id(self._elements, action["element"]) if "element" in action else None
+        if action["type"] == "click" and target is not None and target.get("role") == "link":
+            for _ in range(20):
+                if self.session.has_navigations():
+                    break
+                await asyncio.sleep(0.05)
         await self._wait_loaded()
 
     async def _evaluate(self, ev: dict[str, Any], action: dict[str, Any], obs: Observation) -> tuple[bool, bool]:

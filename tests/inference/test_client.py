@@ -115,3 +115,33 @@ def test_pause_resume_and_version_on_all_servers(servers):
 
     run(go())
     assert InferenceClient(servers, api_key=KEY).health() == {a: True for a in servers}
+
+
+@pytest.mark.parametrize("status, body, exc, needle", [
+    (400, {"error": {"message": "top_k must be -1 (disable) or at least 1, got 0."}}, ProtocolError, "top_k must be"),
+    (401, {"error": "Unauthorized"}, "auth", "Unauthorized"),
+    (422, {"detail": [{"loc": ["body", "text"], "msg": "field required"}]}, ProtocolError, "field required"),
+])
+def test_errors_in_sglang_shapes_reach_the_caller_with_their_message(status, body, exc, needle):
+    """Real SGLang answers {"error": {"message"}} (and {"error": "Unauthorized"}, FastAPI's {"detail"}):
+    the client raises with that message, not an empty one."""
+    from aiohttp import web
+
+    from asyncwebrl.inference.client import InferenceAuthError
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/generate", lambda request: web.json_response(body, status=status))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        c = InferenceClient([f"http://127.0.0.1:{port}"], max_retries=0)
+        try:
+            with pytest.raises(InferenceAuthError if exc == "auth" else exc, match=needle):
+                await c.agenerate([1, 2], None, SAMPLING)
+        finally:
+            await c.aclose()
+            await runner.cleanup()
+
+    run(go())

@@ -190,3 +190,18 @@ def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qw
     finally:
         for e in (plain, graph):
             e.stop()
+
+
+def test_placeholder_tokens_are_never_generated(engines):
+    _, graph = engines
+    assert graph.adapter.image_token_id in graph.decoder.banned.tolist()
+    prompts, _ = _prompts(graph)
+    first = _run(graph, [_req(prompts[0][0], 6, temperature=0, ignore_eos=True)])[0].output_ids
+    saved = graph.decoder.banned
+    try:  # ban what greedy decoding picked: the prefill and every decode step must avoid it
+        graph.decoder.banned = torch.tensor(sorted(set(first)))
+        again = _run(graph, [_req(prompts[0][0], 6, temperature=0, ignore_eos=True)])[0]
+    finally:
+        graph.decoder.banned = saved
+    assert not set(again.output_ids) & set(first)
+    assert all(lp > float("-inf") for lp in again.logprobs)

@@ -292,3 +292,60 @@ def test_policy_decides_on_the_resolved_address():
     for k, allowed in out.items():
         assert allowed == (k in public), (k, allowed)
     assert address_refusal("100.100.100.200") and "CGNAT" in address_refusal("100.100.100.200")
+
+
+def test_a_proxied_connection_carries_one_request_only():
+    """An allowed upstream that ignores `Connection: close` and keeps the socket open cannot get the
+    browser to send a second request (for any host) down the connection checked for the first: the
+    fence rewrites the answer to `Connection: close` and forwards nothing after the first request."""
+    from asyncwebrl.web.fence import NetworkFence
+
+    forbidden = Forbidden()
+    seen: list[bytes] = []
+    keepalive = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = keepalive.accept()
+        conn.settimeout(3)
+        try:
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                seen.append(data)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=60\r\n"
+                             b"Content-Length: 2\r\n\r\nok")
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    up = f"http://127.0.0.1:{keepalive.getsockname()[1]}"
+
+    class Session:
+        policy = NavigationPolicy([up])
+        blocked: list = []
+
+        def record_blocked(self, item):
+            self.blocked.append(item)
+
+    fence = NetworkFence()
+    try:
+        port = asyncio.run(fence.open_gate(Session()))
+        c = socket.create_connection(("127.0.0.1", port), timeout=5)
+        c.sendall(f"GET {up}/first HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        head = c.recv(4096)
+        c.sendall(f"GET http://127.0.0.1:{forbidden.port}/second HTTP/1.1\r\nHost: y\r\n\r\n".encode())
+        try:
+            rest = c.recv(4096)
+        except OSError:
+            rest = b""
+        c.close()
+    finally:
+        fence.close()
+        forbidden.close()
+        keepalive.close()
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head and b"keep-alive" not in head.lower()
+    assert b"/second" not in b"".join(seen) and forbidden.hits == [], (seen, forbidden.hits)
+    assert not rest.startswith(b"HTTP/1.1 200")

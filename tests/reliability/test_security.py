@@ -84,16 +84,17 @@ def test_inference_server_binds_loopback_by_default(tmp_path):
         assert _post(port, "/update_weight_version", b'{"weight_version": "9"}', {})[0] == 401
         assert _post(port, "/update_weights_from_disk", b'{"model_path": "/"}', {"Authorization": "Bearer no"})[0] == 401
         status, body = _post(port, "/update_weight_version", b'{"weight_version": "9"}',
-                             {"Authorization": "Bearer k3y"})
+                             {"Authorization": "Bearer k3y", "Content-Type": "application/json"})
         assert status in (200, 400) and b"API key" not in body  # with the key the request is heard
     finally:
         srv.stop()
 
 
 # Modules that receive bytes from a network peer (HTTP bodies, PixelStore frames, rollout records).
-NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py", "inference/weight_sync.py",
+NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py",
                    "pixelstore/local_store.py", "pixelstore/store.py", "pixelstore/ray_store.py",
-                   "training/weight_sync.py", "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
+                   "weights/sender.py", "weights/receiver.py", "weights/control.py", "weights/group.py",
+                   "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
 UNSAFE = {("pickle", "loads"), ("pickle", "load"), ("cloudpickle", "loads"), ("torch", "load"), ("dill", "loads"),
           ("marshal", "loads"), ("yaml", "load"), ("numpy", "load"), ("np", "load")}
 

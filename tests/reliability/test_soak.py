@@ -1,7 +1,9 @@
 """The soak benchmark measures what it claims: the slope fit recovers a known leak, and a tiny real
-soak (real Chromium, PixelStore process, inference server) samples every component and writes soak.json."""
+soak through the production path (controller and trainer rank, real Chromium, PixelStore process,
+inference server) samples every component and writes soak.json."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,9 +15,9 @@ def test_slope_fit_recovers_a_leak_and_a_flat_line():
     assert slope_per_1k(xs, [100 + 0.002 * x for x in xs]) == pytest.approx(2.0)
     assert slope_per_1k(xs, [100.0 for _ in xs]) == pytest.approx(0.0)
     # warm-up growth is excluded from the fit
-    samples = [{"episodes": x, "browsers": min(x, 1000.0) / 10, "pixelstore": 20.0, "inference_server": 400.0}
-               for x in xs]
-    figs = summarize({"samples": samples, "done": {"episodes": 5000}}, warmup_frac=0.25)
+    samples = [{"episodes": x, "browsers": min(x, 1000.0) / 10, "pixelstore": 20.0, "inference_server": 400.0,
+                "controller": 900.0} for x in xs]
+    figs = summarize({"samples": samples, "summary": SimpleNamespace(trajectories=5000)}, warmup_frac=0.25)
     assert figs["slope_mb_per_1k_episodes"]["browsers"] == pytest.approx(0.0)
     assert figs["browsers"]["pss_mb_max"] == pytest.approx(100.0)
 
@@ -35,10 +37,12 @@ def test_tiny_soak_samples_every_component(tmp_path, monkeypatch):
     from asyncwebrl.bench import common, soak
 
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
-    assert soak.main(["episodes=8", "sample_every_s=0.5", "model=tiny-qwen2.5-vl", "server_every=1"]) == 0
+    assert soak.main(["episodes=8", "sample_every_s=0.5", "model=tiny-qwen2.5-vl", "max_new_tokens=4"]) == 0
     doc = json.loads((tmp_path / "soak.json").read_text())
     figs = doc["figures"]
-    assert figs["episodes"] >= 8 and figs["lost_rollouts"] == 0
-    assert "SCRIPTED" in figs["policy"]
-    for comp in ("browsers", "pixelstore", "inference_server"):
+    assert figs["episodes"] >= 8 and figs["steps"] == 2 and figs["lost_rollouts"] == 0
+    assert "trainer rank" in figs["policy"]
+    # the trainer rank gave the consumed screenshots back: the store ends with the in-flight ones only
+    assert 0 < figs["store_bytes_end"] < figs["store_bytes_put"]
+    for comp in soak.COMPONENTS:
         assert figs[comp]["pss_mb_max"] > 5, comp  # the component was found and measured
