@@ -62,6 +62,19 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
               ("peak_growth_mb", "peak of 2nd half minus peak of 1st half (MB)"),
               ("episodes", "episodes")],
      "asyncwebrl bench soak"),
+    ("clip", [("clip_by_eta.4.clip_rate_decoupled", "eta=4: clip rate, decoupled r = pi_theta/pi_prox"),
+              ("clip_by_eta.4.clip_rate_coupled_same_batches", "eta=4: clip rate of pi_theta/pi_behave, same batches"),
+              ("success_per_s_ratio_decoupled_over_coupled", "eta=4: success/s, decoupled over coupled loss"),
+              ("loss_tokens_per_arm", "loss tokens per arm")],
+     "asyncwebrl bench clip n_samples=2 scheduler=local"),
+    ("clip_eta2", [("clip_by_eta.2.clip_rate_decoupled", "eta=2: clip rate, decoupled"),
+                   ("clip_by_eta.2.clip_rate_coupled_same_batches", "eta=2: clip rate, coupled ratio, same batches")],
+     "asyncwebrl bench clip n_samples=2 scheduler=local etas=2 coupled=false out=clip_eta2"),
+    ("clip_eta1", [("clip_by_eta.1.clip_rate_decoupled", "eta=1: clip rate, decoupled"),
+                   ("clip_by_eta.1.clip_rate_coupled_same_batches", "eta=1: clip rate, coupled ratio, same batches")],
+     "asyncwebrl bench clip n_samples=2 scheduler=local etas=1 coupled=false out=clip_eta1"),
+    ("curriculum", [("adaptive_over_uniform", "adaptive/uniform final greedy eval success"), ("seeds", "seeds")],
+     "asyncwebrl bench curriculum"),
 ]
 
 

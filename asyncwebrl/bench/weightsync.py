@@ -87,6 +87,7 @@ def _floor_child(conn: Any, port: int, rank: int, world: int, backend: str, gpu:
             if cmd == "flat":
                 buf = torch.empty(arg, dtype=torch.uint8, device=dev)
                 flat_round(g, buf)
+                del buf
             elif cmd == "tensors":
                 bufs = [torch.empty(shape, dtype=getattr(torch, dt), device=dev) for dt, shape in arg]
                 tensors_round(g, bufs)
