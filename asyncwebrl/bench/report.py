@@ -54,7 +54,8 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
                     ("floor_GBps", "floor GB/s (largest)"), ("largest", "largest model")],
      "asyncwebrl bench weightsync"),
     ("weightsync_gpu", [("ratio_over_floor", "refresh / flat-buffer broadcast floor (largest)"),
-                        ("floor_GBps", "floor GB/s (largest)"), ("largest", "largest model")],
+                        ("per_size.8B.floor_GBps", "floor GB/s (8B)"), ("per_size.8B.refresh_s", "refresh s (8B)"),
+                        ("largest", "largest model")],
      "asyncwebrl bench weightsync device=cuda backend=nccl sizes=1.5B,8B bucket_mb=1024,512,2048 disk=1 "
      "out=weightsync_gpu (2 GPUs)"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
