@@ -73,6 +73,8 @@ class RayCluster:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+        # the machine is shared: Ray's memory monitor would kill our workers for others' memory use
+        env.setdefault("RAY_memory_monitor_refresh_ms", "0")
         if self.token_auth and self.token_file is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
         else:

@@ -3,6 +3,8 @@ a default run beside it (a private instance), and a run spanning two nodes with 
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -39,15 +41,23 @@ def _train(tmp_path, name: str, extra: list[str]) -> tuple[object, str]:
     return summary, gcs
 
 
-def test_trains_on_a_cluster_started_beforehand_and_a_default_run_succeeds_beside_it(tmp_path, monkeypatch):
-    with RayCluster(head_resources={"awrl_test": 10.0}) as cluster:
+def test_trains_on_a_cluster_started_beforehand_and_a_default_run_succeeds_beside_it(tmp_path):
+    with RayCluster(head_resources={"awrl_test": 10.0}, start_niceness=-10) as cluster:
         summary, gcs = _train(tmp_path, "joined", [f"scheduler.ray_address={cluster.address}",
                                                    f"scheduler.ray_auth_token_file={cluster.token_file}"])
-        assert summary.steps == 2 and gcs == cluster.address
-        # a default run with the cluster advertised in the environment still gets its own instance
-        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-        summary, gcs = _train(tmp_path, "beside", [])
-        assert summary.steps == 2 and gcs != cluster.address
+        port = cluster.address.rsplit(":", 1)[1]  # Ray spells a loopback GCS host as the machine's IP
+        assert summary.steps == 2 and gcs.rsplit(":", 1)[1] == port
+        # a default `asyncwebrl train` beside it, with the cluster advertised in its environment, runs
+        # on a private instance of its own (a separate process, as a user would start it)
+        env = dict(os.environ, RAY_ADDRESS=cluster.address)
+        r = subprocess.run([sys.executable, "-m", "asyncwebrl", "train", f"cluster.fileroot={tmp_path}",
+                            "trial_name=beside", "total_train_steps=2", "actor.path=tiny-qwen2.5-vl",
+                            "env.type=synthetic", "env.max_steps=1", "rollout.consumer_batch_size=1",
+                            "gconfig.n_samples=2", "test_rollout.enabled=false", "stats.progress_bar=false",
+                            "stats.tensorboard=false", "checkpoint.every_n_steps=0"],
+                           env=env, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Started a local Ray instance" in r.stderr and '"steps": 2' in r.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 (network namespace)")
@@ -55,7 +65,7 @@ def test_training_spans_two_nodes_with_distinct_node_ips(tmp_path):
     from asyncwebrl.bench.multinode import run_multinode
 
     figs = run_multinode({"steps": 3, "model": "tiny-qwen2.5-vl", "env": "synthetic", "tasks": "synthetic",
-                          "subnet": 77, "start_niceness": 0, "seed": 1}, tmp_path)
+                          "subnet": 77, "start_niceness": -10, "seed": 1}, tmp_path)
     assert figs.nodes == 2 and figs.distinct_node_ips == 2
     assert figs.steps == 3 and figs.trajectories == 6 and figs.failed_episodes == 0 and figs.missing_pixels == 0
     # the servers run on the other node and are dialled at its address, the trainer on the head
