@@ -86,7 +86,9 @@ def run_multinode(knobs: dict[str, Any], root: Path) -> MultinodeFigures:
             store = system.pixel_store.stats()
             versions = []
             for a in system.server_addresses:
-                with urllib.request.urlopen(a + "/weights_checksum", timeout=30) as r:
+                req = urllib.request.Request(a + "/weights_checksum",
+                                             headers={"Authorization": f"Bearer {system.api_key}"})
+                with urllib.request.urlopen(req, timeout=60) as r:
                     versions.append(str(json.loads(r.read()).get("weight_version")))
         finally:
             system.shutdown()

@@ -87,6 +87,7 @@ def _floor_child(conn: Any, port: int, rank: int, world: int, backend: str, gpu:
             if cmd == "flat":
                 buf = torch.empty(arg, dtype=torch.uint8, device=dev)
                 flat_round(g, buf)
+                del buf
             elif cmd == "tensors":
                 bufs = [torch.empty(shape, dtype=getattr(torch, dt), device=dev) for dt, shape in arg]
                 tensors_round(g, bufs)
@@ -188,8 +189,8 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
                       max_position_embeddings=4096)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
+    model.to(dtype)  # still on meta: allocated once, in the target dtype (an 8B model never exists in float32)
     model.to_empty(device="cpu")
-    model.to(dtype)  # filled in the target dtype: an 8B model never exists in float32
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)

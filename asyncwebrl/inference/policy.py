@@ -11,6 +11,7 @@ resolved) against the real paths of the roots; a trainer host is judged by every
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
@@ -20,6 +21,12 @@ from asyncwebrl import httpguard, net
 from asyncwebrl.protocol import CONTROL_ENDPOINTS, ProtocolError
 
 log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    """Does binding `host` listen on loopback only?"""
+    addrs = httpguard.resolve_all(host)
+    return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
 KEY_ENV = "ASYNCWEBRL_API_KEY"
 WEIGHT_ROOTS_ENV = "ASYNCWEBRL_WEIGHTS_ROOTS"
 TRAINER_ADDRESSES_ENV = "ASYNCWEBRL_TRAINER_ADDRESSES"
@@ -90,7 +97,8 @@ def policy_from_args(args: argparse.Namespace, port: int) -> tuple[ServerPolicy,
         key = httpguard.new_key()
         base = os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache/asyncwebrl")
         written = str(httpguard.write_key_file(Path(base) / "keys" / f"server-{port}.key", key))
-        scope = scope or "control"
+        # generation stays open without a key only to this machine's own programs
+        scope = scope or ("control" if is_loopback(args.host) else "all")
     roots = list(getattr(args, "weights_root", None) or [])
     roots += [r for r in os.environ.get(WEIGHT_ROOTS_ENV, "").split(os.pathsep) if r]
     trainers = list(getattr(args, "trainer_address", None) or [])

@@ -231,6 +231,53 @@ class StaticDecoder:
             logits.index_fill_(1, self.banned, float("-inf"))
         return logits
 
+    # ---- prefill of the text decoder ---------------------------------------------------------------
+    def prefill_text(self, slots: list[int], *, inputs_embeds: torch.Tensor | None = None,
+                     input_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                     **_: Any) -> Any:
+        """Stand-in for the text model's forward during a prefill (same inputs: embeddings with the image
+        features merged, the model's own M-RoPE position ids): the decoder layers through the same
+        (compiled) layer functions, causal attention per right-padded row, each row's KV written
+        straight into its cache slot. Returns the final hidden states as the text model would."""
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        lm = self.lm
+        x = inputs_embeds if inputs_embeds is not None else lm.embed_tokens(input_ids)
+        n, t, width = x.shape
+        if t > self.max_len:
+            raise ValueError(f"prefill of {t} positions exceeds the cache length {self.max_len}")
+        if position_ids is None:
+            position_ids = torch.arange(t, device=x.device)[None].expand(n, t)
+        if position_ids.dim() == 3 and position_ids.shape[0] == 4:  # text positions prepended (newer transformers)
+            position_ids = position_ids[1:]
+        cos, sin = lm.rotary_emb(x, position_ids)
+        if cos.dim() == 4:  # per-section cos/sin (older transformers): compose the M-RoPE layout here
+            sec = list(self._mrope_section()) * 2
+            cos = torch.cat([c[i % 3] for i, c in enumerate(cos.split(sec, dim=-1))], dim=-1)
+            sin = torch.cat([c[i % 3] for i, c in enumerate(sin.split(sec, dim=-1))], dim=-1)
+        cos, sin = cos.reshape(n * t, -1).to(self.dtype), sin.reshape(n * t, -1).to(self.dtype)
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        nq, nkv, hd = self.n_q, self.n_kv, self.head_dim
+        h = x.reshape(n * t, width)
+        for i, layer in enumerate(lm.layers):
+            f = self.fused[i]
+            q, k, v = self._pre(h, cos, sin, layer.input_layernorm.weight, f["wqkv"], f["bqkv"])
+            q = q.reshape(n, t, nq, hd).transpose(1, 2)
+            k = k.reshape(n, t, nkv, hd).transpose(1, 2)
+            v = v.reshape(n, t, nkv, hd).transpose(1, 2)
+            self.k[i, :, :, :t].index_copy_(0, idx, k)
+            self.v[i, :, :, :t].index_copy_(0, idx, v)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=hd ** -0.5)
+            h = self._post(h, attn.transpose(1, 2).reshape(n * t, nq * hd), layer.self_attn.o_proj.weight,
+                           layer.post_attention_layernorm.weight, f["wgu"], layer.mlp.down_proj.weight)
+        h = rms_norm(h, lm.norm.weight, self.eps)
+        return BaseModelOutputWithPast(last_hidden_state=h.view(n, t, width))
+
+    def _mrope_section(self) -> list[int]:
+        cfg = self.lm.config
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        return list(rope["mrope_section"])
+
     def bucket(self, n: int, length: int) -> tuple[int, int]:
         if n > self.max_slots or length > self.max_len:
             raise ValueError(f"step of {n} slots x {length} positions exceeds the cache "

@@ -47,6 +47,10 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
             got = _get(addr + "/weights_checksum")
             assert got["weight_version"] == str(steps)
             assert got["sha256"] == want
+            # every refresh told the server: pause, update session, continue (one bracket per step)
+            events = _get(addr + "/server_info")["control_events"]
+            for e in ("/pause_generation", "/begin_weight_update", "/end_weight_update", "/continue_generation"):
+                assert events.count(e) >= steps, (e, events)
 
         # evaluation ran on a checkpoint, tagged with its version
         done = system.test_rollout.evaluate_latest_blocking(timeout_s=600)
@@ -67,6 +71,9 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["version"] for r in train] == list(range(1, steps + 1))
         assert all(r["n_trajectories"] == 2 for r in train)
+        # the refresh's own figures reach the logs, and checkpoints blocked the loop only briefly
+        assert all(r["sync_transfer_s"] > 0 and r["sync_n_buckets"] >= 1 and r["sync_bytes"] > 0 for r in train)
+        assert 0 < summary.checkpoint_stall_s == max(r["checkpoint_s"] for r in train)
         assert all(0 <= r["zero_adv_groups"] <= cfg.rollout.consumer_batch_size for r in train)
         # the adaptive tracker is in the checkpoint, with the groups the trainer consumed
         extra = json.loads((ckpt / "extra_state.json").read_text())
