@@ -13,7 +13,7 @@ forward pass (r = 1 exactly, nothing can clip), so the decoupled clip rate would
 construction; from the second minibatch on, r measures how far this update moved the policy.
 
 Knobs (key=value): steps, batch, n_samples, max_steps, tasks, etas (comma list), minibatches, lr,
-scheduler, coupled (run the coupled arm at the largest eta), extra (';'-separated config overrides),
+scheduler, coupled (run the coupled arm at the largest eta), decoupled (run the decoupled arms), extra (';'-separated config overrides),
 out (result name), fileroot.
 """
 
@@ -35,6 +35,7 @@ DEFAULTS = {
     "lr": 3.0e-6,
     "scheduler": "ray",
     "coupled": True,
+    "decoupled": True,
     "extra": "",
     "out": "clip",
     "fileroot": "/tmp/asyncwebrl-bench",
@@ -60,8 +61,10 @@ def main(overrides: list[str] | None = None) -> int:
     top = max(etas)
     # the eta = max pair first (decoupled and coupled: the success-per-second comparison), then the other
     # etas; the record is rewritten after every arm, so a run cut short still leaves what it measured
-    plan = [("decoupled", top)] + ([("coupled", top)] if knobs["coupled"] else [])
-    plan += [("decoupled", e) for e in sorted(etas) if e != top]
+    plan = ([("decoupled", top)] if knobs["decoupled"] else []) + ([("coupled", top)] if knobs["coupled"] else [])
+    plan += [("decoupled", e) for e in sorted(etas) if e != top and knobs["decoupled"]]
+    if not plan:
+        raise SystemExit("bench clip: decoupled=false and coupled=false leave nothing to run")
     arms: list[tuple[str, int, ArmResult]] = []
     for loss, eta in plan:
         tag = "dec" if loss == "decoupled" else "coup"
