@@ -56,6 +56,9 @@ CONTROL_ENDPOINTS = frozenset({
 """endpoints that change what the server does or serves: they always need the server's key"""
 
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 64, 512, 4096
+"""bounds of the stop conditions of one request (checked at every decode step)"""
+MAX_RID_CHARS = 256
 GREEDY_BELOW = 1e-6
 """a temperature below this is greedy decoding (SGLang's _SAMPLING_EPS): dividing logits by it overflows"""
 
@@ -141,6 +144,12 @@ class SamplingParams(_Body):
             raise ValueError("n must be 1 (send several prompts in a batch instead)")
         if self.stop_token_ids and any(t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative")
+        # every decode step checks each stop string: a request must not buy the others' time with them
+        stops = self.stop_strings
+        if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters")
+        if self.stop_token_ids and len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
         for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0),
                               ("spaces_between_special_tokens", True), ("json_schema", None), ("regex", None),
                               ("ebnf", None), ("stop_regex", None)):
@@ -217,6 +226,9 @@ class GenerateRequest(_Body):
                     raise ValueError(f"'{name}' is a list but the prompt is not a batch")
             if isinstance(self.image_data, list) and any(not isinstance(i, str) for i in self.image_data):
                 raise ValueError("'image_data' of a single prompt is an image or a list of images")
+        rids = self.rid if isinstance(self.rid, list) else [self.rid or ""]
+        if any(len(r) > MAX_RID_CHARS for r in rids):
+            raise ValueError(f"a request id is longer than {MAX_RID_CHARS} characters")
         for tl in (self.top_logprobs_num if isinstance(self.top_logprobs_num, list) else [self.top_logprobs_num]):
             if tl not in (None, 0):
                 raise ValueError("top_logprobs_num is not supported (must be 0)")
@@ -510,12 +522,12 @@ def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_ch
     if req.input_ids is not None:
         for i, ids in enumerate(req.input_ids if req.is_batch else [req.input_ids]):
             if len(ids) > max_tokens:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}the input ({len(ids)} tokens) is "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}the input ({len(ids)} tokens) is "
                                     f"longer than the model's context length ({max_tokens} tokens)")
     if req.text is not None:
         for i, t in enumerate(req.text if req.is_batch else [req.text]):
             if len(t) > max_chars:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}prompt text of {len(t)} characters "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}prompt text of {len(t)} characters "
                                     f"exceeds the limit of {max_chars}")
     return req
 

@@ -120,7 +120,7 @@ def _role(p) -> str:
         cmd = " ".join(p.cmdline())
     except Exception:  # noqa: BLE001 - the process is gone
         return "?"
-    for marker in ("ray::", "asyncwebrl serve", "asyncwebrl.pixelstore", "raylet", "gcs_server", "dashboard",
+    for marker in ("ray::", "asyncwebrl serve", "asyncwebrl.cli serve", "asyncwebrl.pixelstore", "raylet", "gcs_server", "dashboard",
                    "log_monitor", "runtime_env", "monitor.py"):
         i = cmd.find(marker)
         if i >= 0:

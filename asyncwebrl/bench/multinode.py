@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "env": "miniwob",
     "tasks": "click-test,click-button",
     "subnet": 0,
+    "start_niceness": 0,
     "seed": 1,
 }
 
@@ -62,7 +63,7 @@ def run_multinode(knobs: dict[str, Any], root: Path) -> MultinodeFigures:
     from asyncwebrl.scheduling.ray_cluster import RayCluster
 
     with RayCluster(head_resources={TRAINER_RESOURCE: 100.0}, worker_resources={ROLLOUT_RESOURCE: 100.0},
-                    subnet=int(knobs["subnet"])) as cluster:
+                    subnet=int(knobs["subnet"]), start_niceness=int(knobs["start_niceness"])) as cluster:
         cfg = load_run_config(None, [
             f"cluster.fileroot={root}", f"total_train_steps={int(knobs['steps'])}", f"actor.path={knobs['model']}",
             "cluster.n_nodes=2", "scheduler.type=ray", f"scheduler.ray_address={cluster.address}",
@@ -85,7 +86,9 @@ def run_multinode(knobs: dict[str, Any], root: Path) -> MultinodeFigures:
             store = system.pixel_store.stats()
             versions = []
             for a in system.server_addresses:
-                with urllib.request.urlopen(a + "/weights_checksum", timeout=30) as r:
+                req = urllib.request.Request(a + "/weights_checksum",
+                                             headers={"Authorization": f"Bearer {system.api_key}"})
+                with urllib.request.urlopen(req, timeout=60) as r:
                     versions.append(str(json.loads(r.read()).get("weight_version")))
         finally:
             system.shutdown()

@@ -261,7 +261,8 @@ class RayExecutorHost:
 
 def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_size: int, eta: int,
                      cpus_per_worker: float = 0.2,
-                     resources: dict[str, float] | None = None) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
+                     resources: dict[str, float] | None = None,
+                     startup_timeout_s: float = 600.0) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
     """Start the StalenessActor and `workers` RolloutWorkerActors; returns (hosts, staleness, actor)."""
     import ray
 
@@ -274,4 +275,7 @@ def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_si
         h = worker_cls.options(num_cpus=cpus_per_worker, max_concurrency=8, resources=resources or {},
                                name=None).remote(spec, i, slots, stale_actor)
         hosts.append(RayExecutorHost(h))
+    # the workers exist (imports done, env factory built) before the first timed control call: on a
+    # crowded or remote node that takes longer than a control call may
+    ray.get([h.handle.stats.remote() for h in hosts], timeout=startup_timeout_s)
     return hosts, RemoteStaleness(stale_actor), stale_actor

@@ -10,8 +10,9 @@ import asyncwebrl
 from asyncwebrl.net import LOOPBACK, NODE, advertised_address, bind_address, node_address
 
 PKG = Path(asyncwebrl.__file__).parent
-# the HTML report server (`asyncwebrl view --serve`) is for the user's own browser on this machine
-SINGLE_MACHINE_BY_DESIGN = {"net.py", "view/report.py"}
+# the HTML report server (`asyncwebrl view --serve`) is for the user's own browser on this machine;
+# the browser's network fence runs its proxy gates in the browser's own process
+SINGLE_MACHINE_BY_DESIGN = {"net.py", "view/report.py", "web/fence.py", "web/browser.py"}
 
 
 def test_one_box_binds_and_advertises_loopback():

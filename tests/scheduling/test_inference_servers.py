@@ -52,7 +52,8 @@ def test_n_inference_servers_changes_what_starts(tmp_path):
         assert len({h.pid for h in system.server_handles}) == 2
         Controller(cfg, system, run).train()
         for a in system.server_addresses:  # both servers are in the weight group and got version 1
-            with urllib.request.urlopen(a + "/weights_checksum", timeout=60) as r:
+            req = urllib.request.Request(a + "/weights_checksum", headers={"Authorization": f"Bearer {system.api_key}"})
+            with urllib.request.urlopen(req, timeout=60) as r:
                 assert json.loads(r.read())["weight_version"] == "1"
     finally:
         system.shutdown()

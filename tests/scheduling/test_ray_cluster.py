@@ -55,7 +55,7 @@ def test_training_spans_two_nodes_with_distinct_node_ips(tmp_path):
     from asyncwebrl.bench.multinode import run_multinode
 
     figs = run_multinode({"steps": 3, "model": "tiny-qwen2.5-vl", "env": "synthetic", "tasks": "synthetic",
-                          "subnet": 77, "seed": 1}, tmp_path)
+                          "subnet": 77, "start_niceness": 0, "seed": 1}, tmp_path)
     assert figs.nodes == 2 and figs.distinct_node_ips == 2
     assert figs.steps == 3 and figs.trajectories == 6 and figs.failed_episodes == 0 and figs.missing_pixels == 0
     # the servers run on the other node and are dialled at its address, the trainer on the head
