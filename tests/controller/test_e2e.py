@@ -14,8 +14,9 @@ from asyncwebrl.controller.system import build_system
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def _get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
+def _get(url, key=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -44,11 +45,11 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         assert ckpt is not None and json.loads((ckpt / "trainer_state.json").read_text())["version"] == steps
         want = params_checksum(load_model(str(ckpt)).named_parameters())
         for addr in system.server_addresses:
-            got = _get(addr + "/weights_checksum")
+            got = _get(addr + "/weights_checksum", system.api_key)
             assert got["weight_version"] == str(steps)
             assert got["sha256"] == want
             # every refresh told the server: pause, update session, continue (one bracket per step)
-            events = _get(addr + "/server_info")["control_events"]
+            events = _get(addr + "/server_info", system.api_key)["control_events"]
             for e in ("/pause_generation", "/begin_weight_update", "/end_weight_update", "/continue_generation"):
                 assert events.count(e) >= steps, (e, events)
 
