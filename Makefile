@@ -9,10 +9,13 @@ STAMP := $(VENV)/.asyncwebrl-installed
 TORCH_SPEC ?= torch==2.13.0
 CHROMIUM := /usr/lib/chromium/chromium-headless-shell
 ARGS ?=
+# SGLang release whose own receiving code the weight tests run our sender against (downloaded, never installed)
+SGLANG_VERSION ?= 0.5.23
+SGLANG_WHEEL_DIR ?= $(HOME)/.cache/asyncwebrl/sglang-wheel
 
-.PHONY: setup venv browser model train test lint clean bench
+.PHONY: setup venv browser model sglang-wheel train test lint clean bench
 
-setup: venv browser model
+setup: venv browser model sglang-wheel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +34,10 @@ browser:
 	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell fonts-liberation >/dev/null; \
 	fi
 	@test -x "$(CHROMIUM)" || { echo "chromium-headless-shell missing at $(CHROMIUM)"; exit 1; }
+
+sglang-wheel: venv
+	@ls $(SGLANG_WHEEL_DIR)/sglang-$(SGLANG_VERSION)-*.whl >/dev/null 2>&1 || \
+	  $(BIN)/pip download -q --no-deps "sglang==$(SGLANG_VERSION)" -d $(SGLANG_WHEEL_DIR)
 
 model: venv
 	$(BIN)/asyncwebrl prepare-model

@@ -44,16 +44,21 @@ ENDPOINTS_POST = (
     "/destroy_weights_update_group",
     "/update_weights_from_disk",
     "/update_weight_version",
+    "/begin_weight_update",
+    "/end_weight_update",
 )
 ENDPOINTS_GET = ("/health", "/model_info", "/get_model_info", "/server_info", "/weights_checksum")
 CONTROL_ENDPOINTS = frozenset({
     "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request", "/init_weights_update_group",
     "/update_weights_from_distributed", "/destroy_weights_update_group", "/update_weights_from_disk",
-    "/update_weight_version",
+    "/update_weight_version", "/begin_weight_update", "/end_weight_update",
 })
 """endpoints that change what the server does or serves: they always need the server's key"""
 
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 64, 512, 4096
+"""bounds of the stop conditions of one request (checked at every decode step)"""
+MAX_RID_CHARS = 256
 GREEDY_BELOW = 1e-6
 """a temperature below this is greedy decoding (SGLang's _SAMPLING_EPS): dividing logits by it overflows"""
 
@@ -139,6 +144,12 @@ class SamplingParams(_Body):
             raise ValueError("n must be 1 (send several prompts in a batch instead)")
         if self.stop_token_ids and any(t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative")
+        # every decode step checks each stop string: a request must not buy the others' time with them
+        stops = self.stop_strings
+        if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters")
+        if self.stop_token_ids and len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
         for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0),
                               ("spaces_between_special_tokens", True), ("json_schema", None), ("regex", None),
                               ("ebnf", None), ("stop_regex", None)):
@@ -215,6 +226,9 @@ class GenerateRequest(_Body):
                     raise ValueError(f"'{name}' is a list but the prompt is not a batch")
             if isinstance(self.image_data, list) and any(not isinstance(i, str) for i in self.image_data):
                 raise ValueError("'image_data' of a single prompt is an image or a list of images")
+        rids = self.rid if isinstance(self.rid, list) else [self.rid or ""]
+        if any(len(r) > MAX_RID_CHARS for r in rids):
+            raise ValueError(f"a request id is longer than {MAX_RID_CHARS} characters")
         for tl in (self.top_logprobs_num if isinstance(self.top_logprobs_num, list) else [self.top_logprobs_num]):
             if tl not in (None, 0):
                 raise ValueError("top_logprobs_num is not supported (must be 0)")
@@ -332,7 +346,7 @@ def _version_str(v: Any) -> Any:
 
 
 class UpdateWeightsFromDistributedRequest(_Body):
-    """Body of POST /update_weights_from_distributed (one bucket)."""
+    """Body of POST /update_weights_from_distributed (inside a /begin_weight_update session)."""
 
     names: list[str]
     """parameter names (the model's named_parameters()), in broadcast order"""
@@ -347,9 +361,16 @@ class UpdateWeightsFromDistributedRequest(_Body):
     abort_all_requests: bool = False
     """end in-flight requests with finish_reason abort instead of pausing them"""
     weight_version: str | int | None = None
-    """new weight version once this bucket is in"""
-    load_format: str | None = None
-    """accepted for compatibility; must be null"""
+    """new weight version once this announcement is in (the refresh bracket sets it once, at the end)"""
+    load_format: Literal["flattened_bucket"] | None = None
+    """null: one broadcast per tensor; "flattened_bucket": one broadcast of the tensors' bytes laid end to end"""
+    bucket_sizes: list[int] | None = None
+    """extension (hf backend, advertised in /server_info weight_update_extensions): tensors per
+    flattened bucket, so one announcement covers every bucket of a refresh"""
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
+    torch_empty_cache: bool = False
+    """accepted for compatibility"""
 
     _v = field_validator("weight_version")(classmethod(lambda cls, v: _version_str(v)))
 
@@ -364,10 +385,20 @@ class UpdateWeightsFromDistributedRequest(_Body):
             if any(x < 0 for x in s):
                 raise ValueError(f"negative dimension in shape {s}")
         if len(set(self.names)) != len(self.names):
-            raise ValueError("names must be unique within one bucket")
-        if self.load_format is not None:
-            raise ValueError("load_format is not supported by the hf backend")
+            raise ValueError("names must be unique within one announcement")
+        if self.bucket_sizes is not None:
+            if self.load_format != "flattened_bucket":
+                raise ValueError("bucket_sizes needs load_format 'flattened_bucket'")
+            if any(n <= 0 for n in self.bucket_sizes) or sum(self.bucket_sizes) != len(self.names):
+                raise ValueError("bucket_sizes must be positive and add up to the number of names")
         return self
+
+
+class BeginWeightUpdateRequest(_Body):
+    """Body of POST /begin_weight_update (opens the update session SGLang 0.5.x requires)."""
+
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
 
 
 class DestroyWeightsUpdateGroupRequest(_Body):
@@ -420,6 +451,8 @@ REQUEST_TYPES: dict[str, type[_Body]] = {
     "/destroy_weights_update_group": DestroyWeightsUpdateGroupRequest,
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
+    "/begin_weight_update": BeginWeightUpdateRequest,
+    "/end_weight_update": EmptyRequest,
 }
 
 
@@ -489,12 +522,12 @@ def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_ch
     if req.input_ids is not None:
         for i, ids in enumerate(req.input_ids if req.is_batch else [req.input_ids]):
             if len(ids) > max_tokens:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}the input ({len(ids)} tokens) is "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}the input ({len(ids)} tokens) is "
                                     f"longer than the model's context length ({max_tokens} tokens)")
     if req.text is not None:
         for i, t in enumerate(req.text if req.is_batch else [req.text]):
             if len(t) > max_chars:
-                raise ProtocolError(f"{'prompt %d: ' % i if req.is_batch else ''}prompt text of {len(t)} characters "
+                raise ProtocolError(f"{f'prompt {i}: ' if req.is_batch else ''}prompt text of {len(t)} characters "
                                     f"exceeds the limit of {max_chars}")
     return req
 

@@ -28,8 +28,8 @@ T0=$(date +%s)
 $PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE', '/tmp/awrl-model', 'bfloat16')" || exit 1
 echo "model ready after $(( $(date +%s) - T0 )) s"
 $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
-  batch=8 n_samples=8 max_new_tokens=16 eta=1 out=e2e-gpu fileroot=${FILEROOT:-/tmp/awrl-runs} \
-  "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=2048"
+  batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-gpu} fileroot=${FILEROOT:-/tmp/awrl-runs} \
+  "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
 echo "e2e done after $(( $(date +%s) - T0 )) s"
 # the servers' logs (engine stats, graph capture) next to the result
 tail -n 30 ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/logs/*.log > $OUTD/servers.log 2>/dev/null

@@ -13,7 +13,8 @@ forward pass (r = 1 exactly, nothing can clip), so the decoupled clip rate would
 construction; from the second minibatch on, r measures how far this update moved the policy.
 
 Knobs (key=value): steps, batch, n_samples, max_steps, tasks, etas (comma list), minibatches, lr,
-scheduler, extra (';'-separated config overrides), fileroot.
+scheduler, coupled (run the coupled arm at the largest eta), decoupled (run the decoupled arms), extra (';'-separated config overrides),
+out (result name), fileroot.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ DEFAULTS = {
     "minibatches": 2,
     "lr": 3.0e-6,
     "scheduler": "ray",
+    "coupled": True,
+    "decoupled": True,
     "extra": "",
+    "out": "clip",
     "fileroot": "/tmp/asyncwebrl-bench",
 }
 
@@ -57,17 +61,20 @@ def main(overrides: list[str] | None = None) -> int:
     top = max(etas)
     # the eta = max pair first (decoupled and coupled: the success-per-second comparison), then the other
     # etas; the record is rewritten after every arm, so a run cut short still leaves what it measured
-    plan = [("decoupled", top), ("coupled", top)] + [("decoupled", e) for e in sorted(etas) if e != top]
+    plan = ([("decoupled", top)] if knobs["decoupled"] else []) + ([("coupled", top)] if knobs["coupled"] else [])
+    plan += [("decoupled", e) for e in sorted(etas) if e != top and knobs["decoupled"]]
+    if not plan:
+        raise SystemExit("bench clip: decoupled=false and coupled=false leave nothing to run")
     arms: list[tuple[str, int, ArmResult]] = []
     for loss, eta in plan:
         tag = "dec" if loss == "decoupled" else "coup"
         arms.append((loss, eta, run_arm(f"clip-{tag}-eta{eta}", _overrides(knobs, eta, loss == "decoupled"),
                                         knobs["fileroot"])))
         if len(arms) < len(plan):
-            write_result("clip", knobs, {"partial": f"{len(arms)} of {len(plan)} arms finished",
+            write_result(knobs["out"], knobs, {"partial": f"{len(arms)} of {len(plan)} arms finished",
                                          **_figures(knobs, arms, top)})
     figures = _figures(knobs, arms, top)
-    write_result("clip", knobs, figures)
+    write_result(knobs["out"], knobs, figures)
     rows = [{"loss": loss, "eta": eta, "clip(decoupled r)": a.clip_rate, "clip(coupled ratio)": a.clip_rate_coupled,
              "succ/s": a.successes_per_s, "steps": len(a.steps), "wall_s": a.wall_s} for loss, eta, a in arms]
     per_eta = figures["clip_by_eta"]

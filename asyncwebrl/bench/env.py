@@ -100,7 +100,10 @@ class StartLine:
 
 
 async def _raw_session(browser, url: str, cfg: EnvConfig, line: StartLine, reset_every: int, seed: int) -> int:
-    ctx = await browser.new_context(viewport={"width": cfg.viewport_width, "height": cfg.viewport_height})
+    # raw Playwright: no network fence (the browser-wide proxy of a pool refuses everything, so the
+    # baseline context bypasses any proxy for every host)
+    ctx = await browser.new_context(viewport={"width": cfg.viewport_width, "height": cfg.viewport_height},
+                                    proxy={"server": "http://127.0.0.1:9", "bypass": "*"})
     page = await ctx.new_page()
     steps = 0
     try:

@@ -1,18 +1,20 @@
-"""`asyncwebrl bench weightsync`: end-to-end weight refresh vs the raw broadcast of the same bytes.
+"""`asyncwebrl bench weightsync`: the production weight refresh against the physical floor.
 
-For each model size (random-init llama-shaped parameters with HF names) and in ONE run:
-  refresh = POST /pause_generation -> gather full params -> WeightBroadcaster.broadcast (buckets of
-            weight_chunked_mem_mb, one /update_weights_from_distributed per bucket, concurrent with its
-            broadcasts) -> POST /continue_generation, timed on the trainer until every server confirmed;
-  floor   = the same tensors broadcast over the same group with no HTTP at all, between two barriers.
-Headline: ratio_over_floor = refresh / floor for the largest size.
-
-The refresh goes to real embedded inference servers (`asyncwebrl serve`, one subprocess per server,
-loaded with a random-init llama model of the size); `servers=URL,URL` points it at running servers
-instead (e.g. SGLang on GPUs; they must serve a model of the size's shapes). The floor goes to
-`ProtocolReceiver` processes: the same group calls a server makes, receiving into preallocated
-tensors, with no HTTP (a server cannot join a broadcast without its HTTP call). Trainer: one rank,
-so the gather is a no-op here (FSDP's full_tensor() all-gather is measured in the trainer tests).
+For each model size (random-init llama-shaped parameters with HF names), in ONE run:
+  refresh          = `RefreshBracket.refresh` around `WeightSender.transfer`, exactly what the trainer
+                     loop runs (pause servers -> begin session -> flat-bucket broadcast -> end session
+                     + version -> continue), timed on the trainer until every server confirmed and
+                     resumed; to real embedded inference servers (`asyncwebrl serve`, one subprocess
+                     per server, loaded with a model of the size), or to `servers=URL,...` (key from $ASYNCWEBRL_API_KEY);
+  floor            = ONE flat contiguous buffer of the same byte count, broadcast between two
+                     barriers over a group of the same shape (trainer + one receiver process per
+                     server, each on the server's device), no HTTP: what the link can do;
+  per_tensor_floor = the same tensors broadcast one by one between two barriers (the old "floor").
+Headline: ratio_over_floor = refresh / floor for the largest size. With several `bucket_mb` values
+(e.g. `bucket_mb=256,512,1024,2048`) every size is refreshed at each; `refresh_s` and `bucket_mb`
+are the fastest one's (the project's default `actor.weight_chunked_mem_mb` is chosen from it) and
+`per_bucket_mb` has them all. `disk=1` also times /update_weights_from_disk
+against a plain safetensors read of the same files onto the server's device (hot page cache).
 
 Invariant: every process this module starts is ended before it returns (also on errors).
 """
@@ -20,21 +22,20 @@ Invariant: every process this module starts is ended before it returns (also on 
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing as mp
+import os
 import statistics
-import threading
 import time
-from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from asyncwebrl.bench.common import print_table, write_result
-from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.weight_sync import WeightBroadcaster, post_json
+from asyncwebrl.net import LOOPBACK
+from asyncwebrl.weights.bracket import RefreshBracket
+from asyncwebrl.weights.control import ControlChannel
+from asyncwebrl.weights.group import WeightGroup, join_group
+from asyncwebrl.weights.sender import DEFAULT_BUCKET_MB, WeightSender
 
 # llama-shaped sizes: (hidden, layers, intermediate, heads, kv_heads, vocab)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -51,11 +52,13 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu",
     "backend": "gloo",
     "n_servers": 1,
-    "bucket_mb": 256,
+    "bucket_mb": str(DEFAULT_BUCKET_MB),
     "repeats": 5,
     "timeout_s": 300,
     "servers": "",
     "tokenizer": "default",
+    "pause_mode": "in_place",
+    "disk": 0,
     "out": "weightsync",
 }
 
@@ -69,161 +72,103 @@ def checksum(named: list[tuple[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
-# ---- the receiver (server side of the weight protocol) ---------------------------------------------
-class ProtocolReceiver:
-    """The weight-update half of an inference server: joins the trainer's group and receives."""
-
-    def __init__(self, device: str = "cpu"):
-        self.device = torch.device(device)
-        self.pg: Any = None
-        self.group_name: str | None = None
-        self.rank = -1
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.order: list[str] = []
-        self.version = "0"
-        self.paused = False
-        self.lock = threading.Lock()
-
-    def init_group(self, b: dict[str, Any]) -> dict[str, Any]:
-        timeout = timedelta(seconds=float(b.get("timeout_s", 300)))
-        store = dist.TCPStore(b["master_address"], int(b["master_port"]), int(b["world_size"]), is_master=False,
-                              timeout=timeout)
-        prefix = dist.PrefixStore(b["group_name"], store)
-        if b.get("backend", "gloo") == "nccl":
-            torch.cuda.set_device(self.device)
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(prefix, int(b["rank_offset"]), int(b["world_size"]), opts)
-        else:
-            self.pg = dist.ProcessGroupGloo(prefix, int(b["rank_offset"]), int(b["world_size"]), timeout)
-        self.group_name, self.rank = b["group_name"], int(b["rank_offset"])
-        return {"success": True, "message": f"joined {self.group_name} as rank {self.rank}"}
-
-    def _receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        works = []
-        for name, dt, shape in zip(names, dtypes, shapes, strict=True):
-            t = self.tensors.get(name)
-            if t is None or list(t.shape) != list(shape) or str(t.dtype) != f"torch.{dt}":
-                t = torch.empty(shape, dtype=getattr(torch, dt), device=self.device)
-                self.tensors[name] = t
-                if name not in self.order:
-                    self.order.append(name)
-            works.append(self.pg.broadcast([t], opts))
-        for w in works:
-            w.wait()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def update(self, b: dict[str, Any]) -> dict[str, Any]:
-        if self.pg is None or b.get("group_name") != self.group_name:
-            return {"success": False, "message": f"no weight update group named {b.get('group_name')!r}"}
-        if not (len(b["names"]) == len(b["dtypes"]) == len(b["shapes"])):
-            return {"success": False, "message": "names, dtypes and shapes must have the same length"}
-        with self.lock:
-            self._receive(b["names"], b["dtypes"], b["shapes"])
-            if b.get("weight_version") is not None:
-                self.version = str(b["weight_version"])
-        return {"success": True, "message": f"received {len(b['names'])} tensors"}
-
-    def raw(self, b: dict[str, Any]) -> dict[str, Any]:
-        """Floor measurement: barrier, receive, barrier (no HTTP inside the timed window)."""
-        with self.lock:
-            self._barrier()
-            self._receive(b["names"], b["dtypes"], b["shapes"])
-            self._barrier()
-        return {"success": True, "message": "raw receive done"}
-
-    def _barrier(self) -> None:
-        t = torch.zeros(1, device=self.device)
-        self.pg.allreduce([t], dist.AllreduceOptions()).wait()
-
-    def destroy(self, b: dict[str, Any]) -> dict[str, Any]:
-        if b.get("group_name") != self.group_name:
-            return {"success": False, "message": f"no weight update group named {b.get('group_name')!r}"}
-        self.pg, self.group_name = None, None
-        return {"success": True, "message": "destroyed"}
-
-    def checksum(self) -> dict[str, Any]:
-        with self.lock:
-            return {"success": True, "sha256": checksum([(n, self.tensors[n]) for n in self.order]),
-                    "weight_version": self.version, "n_tensors": len(self.order)}
-
-
-def _make_handler(rx: ProtocolReceiver):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet
-            pass
-
-        def _send(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            if self.path == "/health":
-                return self._send(200, {"success": True})
-            if self.path == "/weights_checksum":
-                return self._send(200, rx.checksum())
-            self._send(404, {"success": False, "message": f"unknown path {self.path}"})
-
-        def do_POST(self):
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                routes = {
-                    "/init_weights_update_group": rx.init_group, "/update_weights_from_distributed": rx.update,
-                    "/destroy_weights_update_group": rx.destroy, "/bench_raw_receive": rx.raw,
-                    "/pause_generation": lambda b: (setattr(rx, "paused", True), {"success": True})[1],
-                    "/continue_generation": lambda b: (setattr(rx, "paused", False), {"success": True})[1],
-                }
-                if self.path not in routes:
-                    return self._send(404, {"success": False, "message": f"unknown path {self.path}"})
-                out = routes[self.path](body)
-                self._send(200 if out.get("success") else 400, out)
-            except (KeyError, TypeError, ValueError) as e:
-                self._send(400, {"success": False, "message": f"bad request: {e}"})
-            except Exception as e:  # a failed collective: report it, keep serving
-                self._send(500, {"success": False, "message": f"{type(e).__name__}: {e}"})
-
-    return Handler
-
-
-def _serve(port_q: Any, device: str, threads: int) -> None:
+# ---- floor receivers: the same group shape, no HTTP --------------------------------------------------
+def _floor_child(conn: Any, port: int, rank: int, world: int, backend: str, gpu: str | None, threads: int) -> None:
+    if gpu is not None:  # as a server is placed: this process sees only its GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     torch.set_num_threads(threads)
-    rx = ProtocolReceiver(device)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(rx))
-    port_q.put(httpd.server_address[1])
-    httpd.serve_forever()
-
-
-def start_receivers(n: int, devices: list[str] | None = None, threads: int = 1,
-                    timeout_s: float = 60.0) -> tuple[list[str], list[mp.Process]]:
-    """n receiver processes; returns their base URLs and the processes (end them with stop_receivers)."""
-    ctx = mp.get_context("spawn")
-    procs, urls = [], []
+    dev = "cuda:0" if gpu is not None else "cpu"
+    g = join_group(LOOPBACK, port, rank, world, "awrl_floor", backend, dev, 300.0)
     try:
-        for i in range(n):
-            q = ctx.Queue()
-            dev = devices[i] if devices else "cpu"
-            p = ctx.Process(target=_serve, args=(q, dev, threads), daemon=True)
-            p.start()
-            procs.append(p)
-            urls.append(f"http://127.0.0.1:{q.get(timeout=timeout_s)}")
-    except BaseException:
-        stop_receivers(procs)
-        raise
-    return urls, procs
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "stop":
+                break
+            if cmd == "flat":
+                buf = torch.empty(arg, dtype=torch.uint8, device=dev)
+                flat_round(g, buf)
+                del buf
+            elif cmd == "tensors":
+                bufs = [torch.empty(shape, dtype=getattr(torch, dt), device=dev) for dt, shape in arg]
+                tensors_round(g, bufs)
+                del bufs
+            conn.send("done")
+    finally:
+        g.destroy()
 
 
-def stop_receivers(procs: list[mp.Process]) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join(timeout=10)
+def flat_round(g: WeightGroup, buf: torch.Tensor) -> float:
+    """barrier, one broadcast of `buf`, barrier (both ends run this); seconds on this rank."""
+    g.barrier()
+    t0 = time.perf_counter()
+    g.wait(g.broadcast(buf))
+    g.barrier()
+    return time.perf_counter() - t0
+
+
+def tensors_round(g: WeightGroup, tensors: list[torch.Tensor]) -> float:
+    """barrier, one broadcast per tensor (all posted, then waited), barrier; seconds on this rank."""
+    g.barrier()
+    t0 = time.perf_counter()
+    works = [g.broadcast(t) for t in tensors]
+    for w in works:
+        g.wait(w)
+    g.barrier()
+    return time.perf_counter() - t0
+
+
+class FloorGroup:
+    """Trainer rank 0 plus one receiver process per server, on the servers' devices."""
+
+    def __init__(self, n: int, backend: str, trainer_dev: str, gpus: list[str] | None):
+        from asyncwebrl.net import free_port
+
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.conns, self.procs = [], []
+        try:
+            for i in range(n):
+                a, b = ctx.Pipe()
+                p = ctx.Process(target=_floor_child, args=(b, port, 1 + i, n + 1, backend,
+                                                           gpus[i] if gpus else None, 1), daemon=True)
+                p.start()
+                self.conns.append(a)
+                self.procs.append(p)
+            self.g = join_group(LOOPBACK, port, 0, n + 1, "awrl_floor", backend, trainer_dev, 300.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def flat(self, buf: torch.Tensor) -> float:
+        for c in self.conns:
+            c.send(("flat", buf.numel()))
+        s = flat_round(self.g, buf)
+        for c in self.conns:
+            c.recv()
+        return s
+
+    def tensors(self, tensors: list[torch.Tensor]) -> float:
+        meta = [(str(t.dtype).removeprefix("torch."), list(t.shape)) for t in tensors]
+        for c in self.conns:
+            c.send(("tensors", meta))
+        s = tensors_round(self.g, tensors)
+        for c in self.conns:
+            c.recv()
+        return s
+
+    def stop(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(("stop", None))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if getattr(self, "g", None) is not None:
+            self.g.destroy()
 
 
 # ---- the benchmark -------------------------------------------------------------------------------
@@ -244,11 +189,11 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
                       max_position_embeddings=4096)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
+    model.to(dtype)  # still on meta: allocated once, in the target dtype (an 8B model never exists in float32)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)
-    model.to(dtype)
     model.save_pretrained(out_dir)
     src = Path(resolve_model_path(tokenizer))
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -261,86 +206,118 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
     return named
 
 
-def _raw_floor(bc: WeightBroadcaster, named: list[tuple[str, torch.Tensor]], timeout_s: float) -> float:
-    from asyncwebrl.training.weight_sync import _Call
-
-    body = {"names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named]}
-    calls = [_Call(post_json, s, "/bench_raw_receive", body, None, timeout_s) for s in bc.servers]
-    for c in calls:
-        c.start()
-    seconds = bc.raw_broadcast([t for _, t in named])
-    for c in calls:
-        c.join_or_raise(time.monotonic() + timeout_s)
-    return seconds
-
-
-def _refresh(bc: WeightBroadcaster, sharded: list[tuple[str, torch.Tensor]], version: int,
-             timeout_s: float) -> dict[str, float]:
-    t0 = time.perf_counter()
-    for s in bc.servers:
-        post_json(s, "/pause_generation", {"mode": "in_place"}, bc.api_key, timeout_s)
-    t1 = time.perf_counter()
-    # gather: with one trainer rank the full tensors are the local ones (FSDP's full_tensor() would
-    # all-gather here); on GPU they already sit on the trainer device
-    named = [(n, t.detach()) for n, t in sharded]
-    t2 = time.perf_counter()
-    bc.broadcast(named, version)
-    t3 = time.perf_counter()
-    for s in bc.servers:
-        post_json(s, "/continue_generation", {}, bc.api_key, timeout_s)
-    t4 = time.perf_counter()
-    return {"pause_s": t1 - t0, "gather_s": t2 - t1, "broadcast_s": t3 - t2, "resume_s": t4 - t3, "total_s": t4 - t0}
-
-
-def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: str, cfg: ActorConfig,
-             repeats: int, timeout_s: float, external: list[str]) -> dict[str, Any]:
-    """Floor and refresh side by side: both groups alive at once, measurements alternated."""
+def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: str, bucket_mbs: list[float],
+             repeats: int, timeout_s: float, external: list[str], pause_mode: str, disk: bool,
+             api_key: str | None = None) -> dict[str, Any]:
+    """Floor, per-tensor floor and the production refresh side by side, alternated, one run."""
     from asyncwebrl.httpguard import new_key
     from asyncwebrl.inference.engine import params_checksum
     from asyncwebrl.scheduling.servers import launch_server, wait_healthy
 
     trainer_dev = "cuda:0" if device == "cuda" else "cpu"
-    devs = [f"cuda:{1 + i}" for i in range(n)] if device == "cuda" else None
-    servers, procs = [], []
-    key = None if external else new_key()  # control endpoints need the servers' key
+    gpus = [str(1 + i) for i in range(n)] if device == "cuda" else None
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    servers, floor, sender, control = [], None, None, None
+    key = api_key or (None if external else new_key())  # control endpoints need the servers' key
     try:
-        rx_urls, procs = start_receivers(n, devs, threads=1)
-        if external:
-            urls = external
-        else:
+        if not external:
             for i in range(n):
-                servers.append(launch_server(wait=False, model=model_dir, device=devs[i] if devs else "cpu", dtype=dtype,
-                                             api_key=key))
-            for srv in servers:
-                wait_healthy(srv.address, timeout_s, proc=srv, api_key=key)
-            urls = [srv.address for srv in servers]
-        raw = WeightBroadcaster(rx_urls, None, cfg, backend=backend, device=trainer_dev)
-        raw.init_group()
-        bc = WeightBroadcaster(urls, key, cfg, backend=backend, device=trainer_dev)
-        bc.init_group()
-        _raw_floor(raw, named, timeout_s)  # warm-ups: first-touch allocations on both sides
-        _refresh(bc, named, 1, timeout_s)
-        floors, parts = [], []
-        for r in range(repeats):
-            floors.append(_raw_floor(raw, named, timeout_s))
-            parts.append(_refresh(bc, named, 2 + r, timeout_s))
-        exact_floor = all(post_json_get(u, "/weights_checksum", timeout_s)["sha256"] == checksum(named) for u in rx_urls)
+                servers.append(launch_server(wait=False, model=model_dir, device=f"cuda:{gpus[i]}" if gpus else "cpu",
+                                             dtype=dtype, weight_sync_timeout_s=timeout_s, api_key=key,
+                                             weights_roots=[model_dir]))
+        floor = FloorGroup(n, backend, trainer_dev, gpus)
+        for srv in servers:
+            wait_healthy(srv.address, timeout_s, proc=srv, api_key=key)
+        urls = external or [srv.address for srv in servers]
+        sender = WeightSender(urls, key, device=trainer_dev, backend=backend, bucket_mb=bucket_mbs[0],
+                              timeout_s=timeout_s)
+        sender.init_group()
+        control = ControlChannel(urls, key, timeout_s)
+        bracket = RefreshBracket(None, control, pause_mode)  # the bench has no rollout gate to pause
+        meta = [(k, t.dtype, tuple(t.shape)) for k, t in named]
+        flat = torch.empty(nbytes, dtype=torch.uint8, device=trainer_dev)
+        tensors = [t for _, t in named]
+        version = [0]
+
+        def refresh(mb: float):
+            sender.bucket_bytes = int(mb * 2**20)
+            version[0] += 1
+            # one trainer rank: its full parameters are the local ones (FSDP would gather per bucket)
+            rep, _ = bracket.refresh(version[0], lambda: sender.transfer(iter(named), meta))
+            return rep
+
+        floor.flat(flat)
+        floor.tensors(tensors)
+        for mb in bucket_mbs:
+            refresh(mb)  # warm-up: first-touch allocations on both sides
+        floors, per_tensor, reps = [], [], {mb: [] for mb in bucket_mbs}
+        for _ in range(repeats):
+            floors.append(floor.flat(flat))
+            per_tensor.append(floor.tensors(tensors))
+            for mb in bucket_mbs:
+                reps[mb].append(refresh(mb))
+        del flat
         want = params_checksum(named)
-        exact = all(post_json_get(u, "/weights_checksum", timeout_s, key)["sha256"] == want for u in urls)
-        raw.close()
-        bc.close()
+        exact = all(control.run(control.acall(u, "/weights_checksum", None, method="GET"))["sha256"] == want
+                    for u in urls)
+        served_version = [control.run(control.acall(u, "/model_info", None, method="GET")).get("weight_version")
+                          for u in urls]
+        out: dict[str, Any] = {}
+        if disk and not external:
+            out.update(_disk(control, urls, model_dir, f"cuda:{gpus[0]}" if gpus else "cpu", repeats, timeout_s))
+        sender.close()
+        sender = None
     finally:
+        if sender is not None:
+            sender.close()
+        if control is not None:
+            control.close()
+        if floor is not None:
+            floor.stop()
         for srv in servers:
             srv.stop()
-        stop_receivers(procs)
-    out = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
-    out.update(floor_s=statistics.median(floors), bit_exact_server=exact, bit_exact_floor=exact_floor,
-               floors=floors, totals=[p["total_s"] for p in parts])
+    best = min(bucket_mbs, key=lambda mb: statistics.median(r.total_s for r in reps[mb]))
+    first = reps[best]
+    out.update({
+        "floor_s": statistics.median(floors), "per_tensor_floor_s": statistics.median(per_tensor),
+        "refresh_s": statistics.median(r.total_s for r in first),
+        **{f"{k}_s": statistics.median(getattr(r, f"{k}_s") for r in first)
+           for k in ("pause", "begin", "transfer", "finish", "resume")},
+        "n_buckets": first[0].n_buckets, "bucket_mb": best,
+        "per_bucket_mb": {str(mb): statistics.median(r.total_s for r in rs) for mb, rs in reps.items()},
+        "bit_exact_server": exact, "served_version": served_version, "expected_version": str(version[0]),
+        "floors": floors, "totals": [r.total_s for r in first],
+    })
     return out
 
 
-def run(knobs: dict[str, Any]) -> dict[str, Any]:
+def _disk(control: ControlChannel, urls: list[str], model_dir: str, device: str, repeats: int,  # noqa: ARG001
+          timeout_s: float) -> dict[str, Any]:
+    """/update_weights_from_disk on the first server vs a plain safetensors read onto its device."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    dev = "cuda:0" if device.startswith("cuda") and torch.cuda.device_count() == 1 else device
+    raw, upd = [], []
+    for _ in range(1):  # one round: an 8B read is seconds, and the page cache is hot either way
+        t0 = time.perf_counter()
+        for f in files:
+            d = load_file(f, device=dev)
+            del d
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        raw.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        control.run(control.acall(urls[0], "/update_weights_from_disk", {"model_path": model_dir},
+                                  timeout_s=timeout_s), timeout_s)
+        upd.append(time.perf_counter() - t0)
+    return {"disk_update_s": statistics.median(upd), "disk_raw_read_s": statistics.median(raw)}
+
+
+def run(knobs: dict[str, Any], on_size=None) -> dict[str, Any]:
+    """Every size in turn; `on_size(partial_result)` after each (so a long run keeps what it measured)."""
     import tempfile
 
     sizes = [s.strip() for s in str(knobs["sizes"]).split(",") if s.strip()]
@@ -350,11 +327,14 @@ def run(knobs: dict[str, Any]) -> dict[str, Any]:
     device, backend = knobs["device"], knobs["backend"]
     if backend == "nccl" and device != "cuda":
         raise SystemExit("backend=nccl needs device=cuda")
+    try:
+        bucket_mbs = [float(x) for x in str(knobs["bucket_mb"]).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"bucket_mb must be a number or a comma list of numbers, got {knobs['bucket_mb']!r}") from None
     dtype = getattr(torch, knobs["dtype"])
     timeout_s = float(knobs["timeout_s"])
     n, repeats = int(knobs["n_servers"]), int(knobs["repeats"])
     external = [u for u in str(knobs["servers"] or "").split(",") if u]
-    cfg = ActorConfig(weight_chunked_mem_mb=int(knobs["bucket_mb"]), weight_update_timeout_s=timeout_s)
     rows, per_size = [], {}
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"awrl-weightsync-{size}-") as model_dir:
@@ -362,41 +342,45 @@ def run(knobs: dict[str, Any]) -> dict[str, Any]:
             if device == "cuda":
                 named = [(k, t.to("cuda:0")) for k, t in named]
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
-            m = _measure(named, model_dir, n, device, backend, knobs["dtype"], cfg, repeats, timeout_s, external)
-        refresh, floor = m["total_s"], m["floor_s"]
+            m = _measure(named, model_dir, n, device, backend, knobs["dtype"], bucket_mbs, repeats, timeout_s,
+                         external, str(knobs["pause_mode"]), bool(int(knobs["disk"])),
+                         os.environ.get("ASYNCWEBRL_API_KEY") if external else None)
+        refresh, floor = m["refresh_s"], m["floor_s"]
         per_size[size] = {
             "params": sum(t.numel() for _, t in named), "bytes": nbytes, "refresh_s": refresh, "floor_s": floor,
             "ratio_over_floor": refresh / floor, "refresh_GBps": nbytes / refresh / 1e9,
-            "floor_GBps": nbytes / floor / 1e9,
-            **{k: v for k, v in m.items() if k not in ("total_s", "floor_s")},
+            "floor_GBps": nbytes / floor / 1e9, "per_tensor_floor_GBps": nbytes / m["per_tensor_floor_s"] / 1e9,
+            **{k: v for k, v in m.items() if k not in ("refresh_s", "floor_s")},
         }
         rows.append({"size": size, "GiB": round(nbytes / 2**30, 2), "refresh_s": refresh, "floor_s": floor,
-                     "ratio": refresh / floor, "bit_exact": m["bit_exact_server"] and m["bit_exact_floor"]})
+                     "floor_GBps": nbytes / floor / 1e9, "per_tensor_s": m["per_tensor_floor_s"],
+                     "ratio": refresh / floor, "bit_exact": m["bit_exact_server"]})
         del named
-    largest = sizes[-1]
-    return {"rows": rows, "per_size": per_size, "largest": largest,
-            "ratio_over_floor": per_size[largest]["ratio_over_floor"]}
-
-
-def post_json_get(base_url: str, path: str, timeout_s: float, api_key: str | None = None) -> dict[str, Any]:
-    import urllib.request
-
-    req = urllib.request.Request(base_url.rstrip("/") + path,
-                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return json.loads(r.read())
+        largest = size
+        res = {"rows": rows, "per_size": per_size, "largest": largest,
+               "ratio_over_floor": per_size[largest]["ratio_over_floor"],
+               "floor_GBps": per_size[largest]["floor_GBps"], "complete": size == sizes[-1]}
+        if on_size is not None:
+            on_size(res)
+    return res
 
 
 def main(overrides: list[str]) -> int:
     from asyncwebrl.bench.common import parse_overrides
 
     knobs = parse_overrides(overrides, DEFAULTS)
-    res = run(knobs)
     config = dict(knobs, refresh_target="external servers" if knobs["servers"] else "embedded hf inference servers",
-                  floor_target="ProtocolReceiver processes (pure torch.distributed receive, no HTTP)",
+                  refresh_path="weights.bracket.RefreshBracket + weights.sender.WeightSender (the trainer loop's)",
+                  floor_target="one flat buffer of the same bytes, broadcast between two barriers to one receiver "
+                               "process per server (torch.distributed only, no HTTP)",
                   trainer_ranks=1, model="random-init LlamaForCausalLM of each size")
-    figures = {"ratio_over_floor": res["ratio_over_floor"], "largest": res["largest"], "per_size": res["per_size"]}
-    write_result(knobs["out"], config, figures)
+
+    def record(res: dict[str, Any]) -> None:
+        write_result(knobs["out"], config, {"ratio_over_floor": res["ratio_over_floor"], "largest": res["largest"],
+                                            "floor_GBps": res["floor_GBps"], "complete": res["complete"],
+                                            "per_size": res["per_size"]})
+
+    res = run(knobs, record)
     print_table(res["rows"], f"ratio_over_floor ({res['largest']}, {knobs['backend']}, "
                              f"{knobs['n_servers']} server(s)): {res['ratio_over_floor']:.3f}")
     return 0

@@ -2,9 +2,10 @@
 
 Per step: prepare_batch (rollout keeps generating meanwhile) -> the task curriculum observes the
 consumed groups and pushes new sampling weights down to the rollout workers (adaptive sampling) ->
-PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> pause rollout -> weight
-update (xccl broadcast or disk) -> version += 1 -> resume -> checkpoint every N steps (or when test
-rollout asks) -> metrics.
+PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> the refresh bracket of
+`asyncwebrl.weights.bracket` (pause rollout and servers, xccl broadcast or disk, version += 1,
+continue) -> checkpoint every N steps (or when test rollout asks; the loop blocks only for its
+snapshot, the write runs behind it) -> metrics.
 
 Invariants: the version the rollout side tags tokens with is set only after the servers hold the
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
@@ -51,7 +52,8 @@ class LoopState:
     successes: list[float] = field(default_factory=list)
     """per-step training success rate"""
     checkpoint_stall_s: float = 0.0
-    """the longest time one checkpoint blocked the loop"""
+    """the longest time one checkpoint blocked the loop (its snapshot, and waiting for the previous
+    background write, if one was still in flight)"""
     seen_ids: set[str] = field(default_factory=set)
     duplicates: int = 0
 
@@ -95,6 +97,8 @@ class Controller:
         self.state = LoopState()
         self.ckpt_root = run.root / "checkpoints"
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
+        self._control = None
+        self._control_for: list[str] = []
         self.curriculum = make_curriculum(cfg)
         self.zero_adv_groups = 0
         """consumed groups whose advantages were all zero (wasted rollout), whole run"""
@@ -120,41 +124,35 @@ class Controller:
         log.info("resumed from %s at step %d, version %d", ckpt.name, self.state.step, self.state.version)
 
     # ---- one step -----------------------------------------------------------------------------
-    def _push_weights(self, new_version: int) -> dict[str, Any]:
-        """Pause rollout, move weights to the train-rollout servers, set the version, resume."""
-        rollout = self.sys.rollout
-        rollout.pause()
-        try:
-            if self.cfg.actor.weight_update_mode == "xccl":
-                info = self.sys.trainer.broadcast_weights(new_version)
-            else:
-                path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), self.cfg.checkpoint.keep_last)
-                info = self._load_from_disk(path, new_version)
-            rollout.set_version(new_version)
-        finally:
-            rollout.resume()
-        return info or {}
-
-    def _load_from_disk(self, path: str, version: int) -> dict[str, Any]:
-        import asyncio
-
-        from asyncwebrl.inference.client import InferenceClient
+    def _bracket(self):
+        """The refresh bracket over the live train-rollout servers (rebuilt when the set changes)."""
+        from asyncwebrl.weights.bracket import RefreshBracket
+        from asyncwebrl.weights.control import ControlChannel
 
         live = [a for a in self.sys.server_addresses if a not in self.supervisor.dropped]
-        client = InferenceClient(live, api_key=self.sys.api_key,
-                                 timeout_s=self.cfg.actor.weight_update_timeout_s)
+        if self._control is None or self._control_for != live:
+            if self._control is not None:
+                self._control.close()
+            self._control = ControlChannel(live, self.sys.api_key, self.cfg.actor.weight_update_timeout_s) \
+                if live else None
+            self._control_for = live
+        return RefreshBracket(self.sys.rollout, self._control, self.cfg.actor.weight_pause_mode)
 
-        async def go():
-            try:
-                return await client.aupdate_weights_from_disk(path, version)
-            finally:
-                await client.aclose()
-
-        answers = asyncio.run(go())
-        failed = {a: r.get("message") for a, r in answers.items() if not r.get("success", False)}
-        if failed:
-            raise RuntimeError(f"update_weights_from_disk failed on {failed}")
-        return {}
+    def _push_weights(self, new_version: int):
+        """The one refresh bracket (`asyncwebrl.weights.bracket`): pause rollout and servers, move the
+        weights, set the version, continue. Returns its `RefreshReport`."""
+        bracket = self._bracket()
+        if self.cfg.actor.weight_update_mode == "xccl":
+            def transfer():
+                return self.sys.trainer.broadcast_weights(new_version)
+        else:
+            def transfer():
+                path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
+                                                        self.cfg.checkpoint.keep_last)
+                bracket.control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
+                                         timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
+        report, _ = bracket.refresh(new_version, transfer)
+        return report
 
     def _extra_state(self) -> dict[str, Any]:
         return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version,
@@ -219,7 +217,9 @@ class Controller:
         tr = self.sys.test_rollout
         if (every and st.step % every == 0) or st.step == cfg.total_train_steps or (tr and tr.wants_checkpoint):
             if cfg.actor.weight_update_mode == "xccl" or st.step == cfg.total_train_steps:
-                self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
+                # the loop blocks only for the snapshot; the write and its atomic publish run behind it
+                self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
+                                                 background=True)
             if tr:
                 tr.checkpoint_written()
             t4 = run.now()
@@ -272,7 +272,8 @@ class Controller:
         self.maybe_resume(resume_from)
         if self.sys.test_rollout is not None and resume_from is None:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
-            self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last)
+            self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
+                                                 background=True)
         self.sys.start_rollout()
         self._push_task_weights()  # after start: a Ray worker answers calls once it is constructed
         bar = None
@@ -292,6 +293,10 @@ class Controller:
         finally:
             if bar is not None:
                 bar.close()
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+        self.sys.trainer.flush_checkpoints()  # the last background write is published before the run ends
         return self.summary()
 
     def summary(self) -> RunSummary:

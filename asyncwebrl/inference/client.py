@@ -6,9 +6,10 @@ abort_all_requests, a pause in abort mode) is resubmitted with prompt + tokens s
 remaining budget, and the new tokens are tagged with the version that produced them. So a weight
 update never loses an episode.
 
-Version tagging: each response's tokens get `meta_info.weight_version` (what real SGLang reports);
-when the server also returns the per-token extension `output_token_versions` (the hf backend does)
-and its length matches, that finer tag is used. Prompt tokens are never tagged (they are -1 in the
+Version tagging: each response's tokens get their version from SGLang's `meta_info.weight_versions`
+spans ({version, start, end} over the output tokens: a request held in place across a refresh has
+one span per version); without spans, from the per-token extension `output_token_versions` (the hf
+backend) when its length matches, else `meta_info.weight_version` for all of them. Prompt tokens are never tagged (they are -1 in the
 trainer's view).
 
 Server choice: one episode (`sticky_key`) sticks to one server while it is healthy (KV/prefix
@@ -319,12 +320,30 @@ def _parse_generate_response(resp: dict[str, Any]) -> tuple[list[int], list[floa
         lps = [float(x[0]) for x in meta.get("output_token_logprobs") or []]
         reason = meta["finish_reason"]["type"] if meta.get("finish_reason") else "abort"
         per_token = meta.get("output_token_versions")
+        spans = versions_from_spans(meta.get("weight_versions"), len(ids))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ProtocolError(f"malformed /generate response: {type(e).__name__}: {e}") from None
     if len(lps) != len(ids):
         raise ProtocolError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs")
-    if isinstance(per_token, list) and len(per_token) == len(ids):
+    if spans is not None:
+        versions = spans
+    elif isinstance(per_token, list) and len(per_token) == len(ids):
         versions = [parse_version(v) for v in per_token]
     else:
         versions = [parse_version(meta.get("weight_version"))] * len(ids)
     return ids, lps, versions, reason
+
+
+def versions_from_spans(spans: Any, n: int) -> list[int] | None:
+    """Per-token versions from SGLang's `meta_info.weight_versions` ([{version, start, end}], output
+    token ranges in order; a request that ran across a refresh in place has several); None when the
+    spans are absent or do not cover the n tokens exactly."""
+    if not isinstance(spans, list) or not spans:
+        return None
+    out: list[int] = []
+    for sp in spans:
+        start, end = int(sp["start"]), int(sp["end"])
+        if start != len(out) or end < start:
+            return None
+        out += [parse_version(sp["version"])] * (end - start)
+    return out if len(out) == n else None

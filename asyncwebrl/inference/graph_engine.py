@@ -13,10 +13,15 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   plain engine's sampler, so behaviour is the same as `HFEngine`'s;
 - weights: parameters stay in place (fused views); `exclusive()` checks on exit whether any was
   rebound and then rebuilds the fused buffers and graphs;
-- prefill batching: with sequences running, waiting requests are prefilled once `prefill_min_batch`
-  of them wait or the oldest has waited `prefill_max_wait_s` (each prefill is one eager forward
-  whatever its size, so a trickle of arrivals is grouped); with nothing running, at once;
-- Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py).
+- prefill batching: with nothing running, waiting requests are prefilled at once; with sequences
+  running, a prefill waits until the decode steps since the last prefill took `prefill_duty` times
+  that prefill's time (each prefill costs about the same whatever its size, so arrivals are grouped
+  and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of requests
+  left one decode step per ~150 ms);
+- Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py);
+- lean prefill: the model's own forward computes image features and M-RoPE positions, and the text
+  decoder inside it is run by `StaticDecoder.prefill_text` (the compiled layer functions, KV written
+  into the slots); checked at start against transformers' prefill (off when they differ).
 
 Models the decoder does not support (see static_decode.supported) fall back to the plain engine.
 `make_engine` picks the engine: $ASYNCWEBRL_ENGINE = plain | graph | auto (graph on CUDA).
@@ -24,6 +29,7 @@ Models the decoder does not support (see static_decode.supported) fall back to t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -47,13 +53,14 @@ class GraphEngine(HFEngine):
     """HFEngine with a static-cache, graph-captured decode path (see module docstring)."""
 
     def __init__(self, model_path: str, *, use_graphs: bool | None = None, compile_layers: bool | None = None,
-                 prefill_tokens: int = 32768, prefill_min_batch: int = 8, prefill_max_wait_s: float = 0.03,
-                 **kw: Any):
+                 prefill_tokens: int = 32768, prefill_duty: float = 1.0, lean_prefill: bool = True, **kw: Any):
         super().__init__(model_path, **kw)
         on_gpu = self.device.type == "cuda"
         self.prefill_tokens = prefill_tokens
-        self.prefill_min_batch = prefill_min_batch
-        self.prefill_max_wait_s = prefill_max_wait_s
+        self.prefill_duty = prefill_duty
+        self._prefill_end = 0.0
+        self._prefill_last_s = 0.0
+        self.lean_prefill = lean_prefill
         self.decoder: StaticDecoder | None = None
         reason = supported(self.model)
         if reason:
@@ -63,7 +70,7 @@ class GraphEngine(HFEngine):
             self.model, max_slots=self.max_batch_size, max_len=self.context_len,
             use_graphs=on_gpu if use_graphs is None else use_graphs,
             compile_layers=on_gpu if compile_layers is None else compile_layers,
-            generator=None if on_gpu else self.generator)
+            generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
@@ -73,6 +80,9 @@ class GraphEngine(HFEngine):
     def start(self) -> None:
         if self.decoder is not None:
             with self.lock:
+                if self.lean_prefill:
+                    self.lean_prefill = self._check_lean_prefill()
+                self.stats["lean_prefill"] = int(self.lean_prefill)
                 self._capture()
         super().start()
 
@@ -109,6 +119,66 @@ class GraphEngine(HFEngine):
                 dec.reset_graphs()
                 self._capture()
 
+    def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int]) -> Any:
+        """The model's own prefill (image features, M-RoPE positions, rope deltas) with the text decoder
+        run by `StaticDecoder.prefill_text` (KV straight into `slots`)."""
+        dec = self.decoder
+        assert dec is not None
+        lm = dec.lm
+        lm.forward = functools.partial(dec.prefill_text, slots)
+        try:
+            return self.model.model(**batch, use_cache=False)
+        finally:
+            del lm.forward
+
+    @torch.inference_mode()
+    def _check_lean_prefill(self) -> bool:
+        """Does the lean prefill give the transformers prefill's last hidden states here (this
+        transformers version, this model)? A padded batch with an image; off (with a warning) if not."""
+        from PIL import Image
+        from transformers import DynamicCache
+
+        ad = self.adapter
+        img = Image.new("RGB", (56, 84), (40, 140, 220))
+        msgs = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Click the blue box."}]}],
+                [{"role": "user", "content": [{"type": "text", "text": "A longer text-only prompt, padded less."}]}]]
+        encs = [ad.encode(ad.chat_text(m), [img] if i == 0 else []) for i, m in enumerate(msgs)]
+        batch = ad.collate([e.input_ids for e in encs], [e.images for e in encs])
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        lens = [len(e.input_ids) for e in encs]
+        qwen = self.family in (QWEN2VL, QWEN3VL)
+        try:
+            if qwen:
+                self.model.model.rope_deltas = None
+            ref = self.model.model(**batch, **{self._inner_cache_kw: DynamicCache()}, use_cache=True).last_hidden_state
+            if qwen:
+                self.model.model.rope_deltas = None
+            got = self._lean_forward(batch, [0, 1]).last_hidden_state
+            worst = 1.0
+            for i, n in enumerate(lens):
+                a, b = ref[i, :n].float(), got[i, :n].float()
+                worst = min(worst, float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()))
+        except Exception:
+            log.warning("lean prefill failed its check; prefill runs transformers' forward", exc_info=True)
+            return False
+        ok = worst > 0.999
+        if not ok:
+            log.warning("lean prefill differs from transformers' (min cosine %.5f); prefill runs transformers' forward",
+                        worst)
+        self.stats["lean_prefill_min_cosine"] = round(worst, 6)
+        return ok
+
+    def _placeholder_ids(self) -> list[int]:
+        tok = self.adapter.tokenizer
+        ids = [self.adapter.image_token_id]
+        for t in ("<|video_pad|>", "<|image_pad|>"):
+            tid = tok.convert_tokens_to_ids(t)
+            if isinstance(tid, int) and tid != tok.unk_token_id:
+                ids.append(tid)
+        return [i for i in ids if i is not None]
+
     # ---- prefill -----------------------------------------------------------------------------------
     def _admit(self) -> None:
         if self.decoder is None:
@@ -118,9 +188,8 @@ class GraphEngine(HFEngine):
                 free = self.max_batch_size - len(self._batch)
                 if free <= 0 or not self._waiting or self._paused:
                     return
-                if self._batch.reqs and len(self._waiting) < min(free, self.prefill_min_batch) and (
-                        time.perf_counter() - self._waiting[0].arrival < self.prefill_max_wait_s):
-                    return  # let a few more arrive; the running ones keep decoding
+                if self._batch.reqs and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s:
+                    return  # decode first: prefills take at most prefill_duty/(1+prefill_duty) of the engine
                 group: list[EngineRequest] = []
                 longest = 0
                 while self._waiting and len(group) < free:
@@ -156,20 +225,25 @@ class GraphEngine(HFEngine):
         qwen = self.family in (QWEN2VL, QWEN3VL)
         if qwen:
             self.model.model.rope_deltas = None
-        cache = DynamicCache()
-        out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
+        b = self._batch
+        first = len(b.reqs)
+        slots = list(range(first, first + len(group)))
+        cache = None
+        if self.lean_prefill:
+            out = self._lean_forward(batch, slots)
+        else:
+            cache = DynamicCache()
+            out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
         lens = torch.tensor([len(r.input_ids) for r in group], device=self.device)
         last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
-        logits = self.model.lm_head(last).float()
+        logits = dec.mask_banned(self.model.lm_head(last).float())
         deltas = [0] * len(group)
         if qwen and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
         temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
         tok, lp = sample_rows(logits, temps, dec.generator)
-        b = self._batch
-        first = len(b.reqs)
-        dec.write_prefill(list(range(first, first + len(group))), [layer.keys for layer in cache.layers],
-                          [layer.values for layer in cache.layers])
+        if cache is not None:
+            dec.write_prefill(slots, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
         b.reqs.extend(group)
         b.positions.extend(len(r.input_ids) for r in group)
         b.rope_deltas.extend(deltas)
@@ -177,7 +251,9 @@ class GraphEngine(HFEngine):
         self.stats["prefill_batches"] += 1
         self._append_sampled(group, tok, lp, logits)
         self._drop_finished()
-        self.stats["prefill_s"] += time.perf_counter() - t0
+        self._prefill_end = time.perf_counter()
+        self._prefill_last_s = self._prefill_end - t0
+        self.stats["prefill_s"] += self._prefill_last_s
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self) -> None:

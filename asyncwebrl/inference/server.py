@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import multiprocessing
@@ -36,17 +37,15 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from asyncwebrl import httpguard, net
 from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine, RequestLimits
-from asyncwebrl.inference.weight_sync import WeightUpdateGroup, load_from_disk, receive_bucket
+from asyncwebrl.inference.policy import ServerPolicy, policy_from_args
 from asyncwebrl.net import free_port
 from asyncwebrl.protocol import (
-    CONTROL_ENDPOINTS,
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
@@ -55,62 +54,16 @@ from asyncwebrl.protocol import (
     parse_generate_bounded,
     parse_json,
 )
+from asyncwebrl.weights.disk import load_folder
+from asyncwebrl.weights.group import WeightSyncError
+from asyncwebrl.weights.receiver import AnnouncementRejected, WeightReceiver
+from asyncwebrl.weights.sender import EXTENSION_BUCKET_SIZES
 
 log = logging.getLogger(__name__)
-KEY_ENV = "ASYNCWEBRL_API_KEY"
-WEIGHT_ROOTS_ENV = "ASYNCWEBRL_WEIGHTS_ROOTS"
-TRAINER_ADDRESSES_ENV = "ASYNCWEBRL_TRAINER_ADDRESSES"
-LOOPBACK = (net.LOOPBACK, "::1", "localhost")
 PARSE_INLINE_BYTES = 256 * 1024
 """bodies above this are parsed off the event loop (/generate: in a worker process)"""
 MAX_BATCH_PROMPTS = 256
 """prompts in one /generate batch"""
-
-
-@dataclass
-class ServerPolicy:
-    """Who may do what on one server (see the module docstring)."""
-
-    api_key: str = field(default_factory=httpguard.new_key, repr=False)
-    """the credential; control endpoints always need it"""
-    key_scope: str = "control"
-    """'control': only control endpoints need the key; 'all': every endpoint but /health"""
-    host_names: set[str] = field(default_factory=httpguard.served_names)
-    """Host header names served besides IP literals"""
-    weight_roots: list[str] = field(default_factory=list)
-    """update_weights_from_disk loads only from folders under these (none: refuses every disk load)"""
-    trainer_addresses: list[str] = field(default_factory=lambda: list(LOOPBACK))
-    """init_weights_update_group dials only these hosts (names are resolved on both sides)"""
-    max_body_bytes: int = 32 * 2**20
-    """largest /generate body"""
-    max_control_body_bytes: int = 2**20
-    """largest body of any other endpoint"""
-
-    def needs_key(self, path: str) -> bool:
-        if path in ("/health", "/health_generate"):
-            return False
-        return self.key_scope == "all" or path in CONTROL_ENDPOINTS
-
-    def check_weight_path(self, path: str) -> None:
-        if not self.weight_roots:
-            raise ProtocolError("this server loads weights from disk only under its weight roots, and none is "
-                                f"configured (--weights-root / ${WEIGHT_ROOTS_ENV})")
-        real = os.path.realpath(path)
-        for root in self.weight_roots:
-            r = os.path.realpath(root)
-            if real == r or real.startswith(r.rstrip(os.sep) + os.sep):
-                return
-        raise ProtocolError(f"model_path '{path}' is outside the server's weight roots")
-
-    def check_trainer_address(self, host: str) -> None:
-        got = httpguard.resolve_all(host)
-        allowed: set[str] = set()
-        for a in self.trainer_addresses:
-            allowed |= httpguard.resolve_all(a)
-        if not got or not got <= allowed:
-            raise ProtocolError(f"master_address '{host}' is not a trainer address this server may dial "
-                                f"(--trainer-address / ${TRAINER_ADDRESSES_ENV})")
-
 
 class InferenceServer:
     """HTTP front of one engine (one server per device, tp=1)."""
@@ -121,7 +74,11 @@ class InferenceServer:
         self.policy = policy or ServerPolicy()
         self.weight_sync_timeout_s = weight_sync_timeout_s
         self.server_args = server_args or {}
-        self.groups: dict[str, WeightUpdateGroup] = {}
+        self.receiver = WeightReceiver(engine.named_parameters(), engine.device, weight_sync_timeout_s)
+        self.control_events: collections.deque[str] = collections.deque(maxlen=256)
+        """control endpoints called, oldest first (shown in /server_info; tests check the refresh order)"""
+        self.weight_session = False
+        """inside /begin_weight_update ... /end_weight_update (SGLang 0.5.x refuses updates outside)"""
         self._weights_lock = asyncio.Lock()
         self._pool: ProcessPoolExecutor | None = None
         self.started = time.time()
@@ -140,6 +97,8 @@ class InferenceServer:
             "/destroy_weights_update_group": self.destroy_weights_update_group,
             "/update_weights_from_disk": self.update_weights_from_disk,
             "/update_weight_version": self.update_weight_version,
+            "/begin_weight_update": self.begin_weight_update,
+            "/end_weight_update": self.end_weight_update,
         }
         for path, handler in post.items():
             app.router.add_post(path, self._with_body(path, handler))
@@ -171,6 +130,8 @@ class InferenceServer:
         refused = httpguard.body_type_refusal(request)
         if refused is not None:
             return self._refuse(*refused)
+        if request.method == "POST" and request.path != "/generate":
+            self.control_events.append(request.path)
         try:
             return await handler(request)
         except ProtocolError as e:
@@ -215,8 +176,7 @@ class InferenceServer:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         await self._run(self.engine.stop)
-        for g in self.groups.values():
-            g.destroy()
+        self.receiver.close()
 
     # ---- generation --------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
@@ -287,6 +247,7 @@ class InferenceServer:
             "completion_tokens": len(res.output_ids),
             "cached_tokens": 0,
             "weight_version": res.weight_version,
+            "weight_versions": version_spans(res.versions, res.weight_version),
             "e2e_latency": res.latency_s,
             # extension (real SGLang lacks it): the version that produced each token
             "output_token_versions": res.versions,
@@ -318,27 +279,43 @@ class InferenceServer:
     async def init_weights_update_group(self, req, request) -> web.Response:
         await asyncio.to_thread(self.policy.check_trainer_address, req.master_address)
         async with self._weights_lock:
-            if req.group_name in self.groups:
+            if req.group_name in self.receiver.groups:
                 raise ProtocolError(f"group '{req.group_name}' exists; destroy it first")
-            group = await self._run(lambda: WeightUpdateGroup(req, self.engine.device, self.weight_sync_timeout_s))
-            self.groups[req.group_name] = group
+            await self._run(lambda: self.receiver.join(req.master_address, req.master_port, req.rank_offset,
+                                                       req.world_size, req.group_name, req.backend))
         return web.json_response(ok(f"joined group '{req.group_name}' as rank {req.rank_offset}/{req.world_size}"))
 
+    async def begin_weight_update(self, req, request) -> web.Response:
+        self.weight_session = True
+        return web.json_response(ok("weight update session open"))
+
+    async def end_weight_update(self, req, request) -> web.Response:
+        if not self.weight_session:
+            raise ProtocolError("no weight-update session is open; call /begin_weight_update first")
+        self.weight_session = False
+        return web.json_response(ok("weight update session closed"))
+
     async def update_weights_from_distributed(self, req, request) -> web.Response:
-        group = self.groups.get(req.group_name)
-        if group is None:
+        if req.group_name not in self.receiver.groups:
             raise ProtocolError(f"no weight update group '{req.group_name}'; call /init_weights_update_group first")
+        if not self.weight_session:
+            raise ProtocolError("update_weights_from_distributed must run between /begin_weight_update and "
+                                "/end_weight_update")
 
         def work() -> int:
             with self.engine.exclusive(abort_all=req.abort_all_requests):
-                n = receive_bucket(self.engine, group, req)
+                n = self.receiver.receive(req.group_name, req.names, req.dtypes, req.shapes, req.load_format,
+                                          req.bucket_sizes)
                 if req.weight_version is not None:
                     self.engine.weight_version = req.weight_version
                 return n
 
         async with self._weights_lock:
             t0 = time.perf_counter()
-            nbytes = await self._run(work)
+            try:
+                nbytes = await self._run(work)
+            except AnnouncementRejected as e:  # the caller's announcement does not fit: 400
+                raise ProtocolError(str(e)) from None
         return web.json_response(ok(
             f"received {len(req.names)} tensors ({nbytes} bytes) in {time.perf_counter() - t0:.3f}s",
             weight_version=self.engine.weight_version,
@@ -346,11 +323,11 @@ class InferenceServer:
 
     async def destroy_weights_update_group(self, req, request) -> web.Response:
         async with self._weights_lock:
-            group = self.groups.pop(req.group_name, None)
-            if group is None:
+            if req.group_name not in self.receiver.groups:
                 raise ProtocolError(f"no weight update group '{req.group_name}'")
             try:  # the group is dropped either way; a peer that vanished must not hang the call
-                await asyncio.wait_for(self._run(group.destroy), timeout=min(30.0, self.weight_sync_timeout_s))
+                await asyncio.wait_for(self._run(lambda: self.receiver.destroy(req.group_name)),
+                                       timeout=min(30.0, self.weight_sync_timeout_s))
             except TimeoutError:
                 return web.json_response(ok(f"dropped group '{req.group_name}' (its shutdown timed out)"))
         return web.json_response(ok(f"destroyed group '{req.group_name}'"))
@@ -360,7 +337,7 @@ class InferenceServer:
 
         def work() -> int:
             with self.engine.exclusive(abort_all=req.abort_all_requests):
-                n = load_from_disk(self.engine, req)
+                n = self._load_folder(req.model_path)
                 if req.weight_version is not None:
                     self.engine.weight_version = req.weight_version
                 return n
@@ -369,6 +346,17 @@ class InferenceServer:
             n = await self._run(work)
         return web.json_response(ok(f"loaded {n} tensors from {req.model_path}",
                                     weight_version=self.engine.weight_version, num_paused_requests=0))
+
+    def _load_folder(self, path: str) -> int:
+        from asyncwebrl.models.vlm import load_model
+
+        def by_transformers(p: str):  # checkpoint names the live module spells differently
+            return dict(load_model(p, self.engine.model.dtype, "cpu").named_parameters())
+
+        try:
+            return load_folder(self.receiver.params, path, by_transformers)
+        except WeightSyncError as e:
+            raise ProtocolError(str(e)) from None
 
     async def update_weight_version(self, req, request) -> web.Response:
         if req.abort_all_requests:
@@ -408,7 +396,9 @@ class InferenceServer:
             "paused": e.paused,
             "max_batch_size": e.max_batch_size,
             "context_length": e.context_len,
-            "weight_update_groups": sorted(self.groups),
+            "weight_update_groups": sorted(self.receiver.groups),
+            "weight_update_extensions": [EXTENSION_BUCKET_SIZES],
+            "control_events": list(self.control_events),
             "uptime_s": time.time() - self.started,
             **e.load_info(),
             "stats": dict(e.stats),
@@ -419,40 +409,19 @@ class InferenceServer:
         return web.json_response({"sha256": digest, "weight_version": self.engine.weight_version})
 
 
+def version_spans(versions: list[Any], current: Any) -> list[dict[str, Any]]:
+    """SGLang's `meta_info.weight_versions`: runs of output tokens made by one weight version."""
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(versions):
+        v = str(v)
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "start": i, "end": i + 1})
+    return spans or [{"version": str(current), "start": 0, "end": 0}]
+
+
 # ---- entry points -----------------------------------------------------------------------------------
-
-
-def policy_from_args(args: argparse.Namespace, port: int) -> tuple[ServerPolicy, str | None]:
-    """The server's policy from its flags and environment; also the key file written (if any).
-    Key: --api-key-file, else $ASYNCWEBRL_API_KEY, else --api-key (argv: visible to every local user,
-    for hand use only), else a fresh one written to a 0600 file."""
-    key_file = getattr(args, "api_key_file", None)
-    key = None
-    if key_file:
-        key = httpguard.read_key_file(key_file)
-    elif os.environ.get(KEY_ENV):
-        key = os.environ[KEY_ENV]
-    elif getattr(args, "api_key", None):
-        log.warning("--api-key puts the key in the process list; prefer $%s or --api-key-file", KEY_ENV)
-        key = args.api_key
-    written = None
-    scope = getattr(args, "key_scope", None)
-    if key is None:
-        key = httpguard.new_key()
-        base = os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache/asyncwebrl")
-        written = str(httpguard.write_key_file(Path(base) / "keys" / f"server-{port}.key", key))
-        scope = scope or "control"
-    roots = list(getattr(args, "weights_root", None) or [])
-    roots += [r for r in os.environ.get(WEIGHT_ROOTS_ENV, "").split(os.pathsep) if r]
-    trainers = list(getattr(args, "trainer_address", None) or [])
-    trainers += [t for t in os.environ.get(TRAINER_ADDRESSES_ENV, "").split(",") if t]
-    policy = ServerPolicy(
-        api_key=key, key_scope=scope or "all",
-        host_names=httpguard.served_names([args.host] + list(getattr(args, "allowed_host", None) or [])),
-        weight_roots=roots, trainer_addresses=list(LOOPBACK) + trainers,
-        max_body_bytes=int(getattr(args, "max_body_mb", 32) * 2**20),
-    )
-    return policy, written
 
 
 def serve_main(args: argparse.Namespace) -> int:

@@ -17,7 +17,9 @@ Layout and invariants:
   parameter was rebound since (then `refuse()` and recapture);
 - decoding positions: a generated token's Qwen M-RoPE positions are equal in all three sections, so
   its rotation is plain 1-D RoPE at (length + rope_delta) with the model's own inv_freq;
-- only full-attention decoders without q/k norms are supported (`supported()` says why not).
+- only full-attention decoders without q/k norms are supported (`supported()` says why not);
+- `banned_tokens` (the image/video placeholder ids) are never sampled: a generated placeholder would
+  make the trainer's teacher-forced forward count more image tokens than the images provide.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class StaticDecoder:
 
     def __init__(self, model: torch.nn.Module, *, max_slots: int, max_len: int, use_graphs: bool,
                  compile_layers: bool = False, len_buckets: tuple[int, ...] | None = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, banned_tokens: list[int] | None = None):
         reason = supported(model)
         if reason:
             raise ValueError(f"StaticDecoder: {reason}")
@@ -137,6 +139,9 @@ class StaticDecoder:
         self.ids, self.kv_pos, self.rope_pos = self.ints[0], self.ints[1], self.ints[2]
         self.temps = torch.ones(max_slots, dtype=torch.float32, device=dev)
         self.rows = torch.arange(max_slots, device=dev)
+        vocab = int(self.model.lm_head.weight.shape[0])
+        banned = sorted({t for t in (banned_tokens or []) if t is not None and 0 <= t < vocab})
+        self.banned = torch.tensor(banned, dtype=torch.long, device=dev) if banned else None
         self.span = torch.arange(max_len, device=dev)
         self.refuse()
         self._pre, self._post = self._layer_fns()
@@ -216,9 +221,62 @@ class StaticDecoder:
             h = self._post(h, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
                            f["wgu"], layer.mlp.down_proj.weight)
         h = rms_norm(h, lm.norm.weight, self.eps)
-        logits = F.linear(h, self.model.lm_head.weight).float()
+        logits = self.mask_banned(F.linear(h, self.model.lm_head.weight).float())
         tok, lp = sample_rows(logits, self.temps[:n], self.generator)
         return tok, lp, logits
+
+    def mask_banned(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with the never-generated tokens (image/video placeholders) at -inf, in place."""
+        if self.banned is not None:
+            logits.index_fill_(1, self.banned, float("-inf"))
+        return logits
+
+    # ---- prefill of the text decoder ---------------------------------------------------------------
+    def prefill_text(self, slots: list[int], *, inputs_embeds: torch.Tensor | None = None,
+                     input_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                     **_: Any) -> Any:
+        """Stand-in for the text model's forward during a prefill (same inputs: embeddings with the image
+        features merged, the model's own M-RoPE position ids): the decoder layers through the same
+        (compiled) layer functions, causal attention per right-padded row, each row's KV written
+        straight into its cache slot. Returns the final hidden states as the text model would."""
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        lm = self.lm
+        x = inputs_embeds if inputs_embeds is not None else lm.embed_tokens(input_ids)
+        n, t, width = x.shape
+        if t > self.max_len:
+            raise ValueError(f"prefill of {t} positions exceeds the cache length {self.max_len}")
+        if position_ids is None:
+            position_ids = torch.arange(t, device=x.device)[None].expand(n, t)
+        if position_ids.dim() == 3 and position_ids.shape[0] == 4:  # text positions prepended (newer transformers)
+            position_ids = position_ids[1:]
+        cos, sin = lm.rotary_emb(x, position_ids)
+        if cos.dim() == 4:  # per-section cos/sin (older transformers): compose the M-RoPE layout here
+            sec = list(self._mrope_section()) * 2
+            cos = torch.cat([c[i % 3] for i, c in enumerate(cos.split(sec, dim=-1))], dim=-1)
+            sin = torch.cat([c[i % 3] for i, c in enumerate(sin.split(sec, dim=-1))], dim=-1)
+        cos, sin = cos.reshape(n * t, -1).to(self.dtype), sin.reshape(n * t, -1).to(self.dtype)
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        nq, nkv, hd = self.n_q, self.n_kv, self.head_dim
+        h = x.reshape(n * t, width)
+        for i, layer in enumerate(lm.layers):
+            f = self.fused[i]
+            q, k, v = self._pre(h, cos, sin, layer.input_layernorm.weight, f["wqkv"], f["bqkv"])
+            q = q.reshape(n, t, nq, hd).transpose(1, 2)
+            k = k.reshape(n, t, nkv, hd).transpose(1, 2)
+            v = v.reshape(n, t, nkv, hd).transpose(1, 2)
+            self.k[i, :, :, :t].index_copy_(0, idx, k)
+            self.v[i, :, :, :t].index_copy_(0, idx, v)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=hd ** -0.5)
+            h = self._post(h, attn.transpose(1, 2).reshape(n * t, nq * hd), layer.self_attn.o_proj.weight,
+                           layer.post_attention_layernorm.weight, f["wgu"], layer.mlp.down_proj.weight)
+        h = rms_norm(h, lm.norm.weight, self.eps)
+        return BaseModelOutputWithPast(last_hidden_state=h.view(n, t, width))
+
+    def _mrope_section(self) -> list[int]:
+        cfg = self.lm.config
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        return list(rope["mrope_section"])
 
     def bucket(self, n: int, length: int) -> tuple[int, int]:
         if n > self.max_slots or length > self.max_len:

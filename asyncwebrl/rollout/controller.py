@@ -314,15 +314,12 @@ class RolloutController:
         self._version = version
 
     def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
-        """pause -> fn() -> set_version -> resume; the version moves only if fn succeeded."""
+        """The refresh bracket (`asyncwebrl.weights.bracket`) on this gate alone: pause -> fn() ->
+        set_version -> resume; the version moves only if fn succeeded."""
+        from asyncwebrl.weights.bracket import RefreshBracket
+
         target = self._version + 1 if new_version is None else new_version
-        self.pause()
-        try:
-            result = fn()
-            self.set_version(target)
-        finally:
-            self.resume()
-        return result
+        return RefreshBracket(self).refresh(target, fn)[1]
 
     # -- statistics ---------------------------------------------------------------------------
     def _brief(self) -> dict:

@@ -63,6 +63,7 @@ class SyncRolloutPool:
         self.warmup_s = 0.0
         self.wait_s = 0.0
         self.paused_s = 0.0
+        self._paused_at: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SyncRolloutPool:
@@ -166,6 +167,7 @@ class SyncRolloutPool:
         return self._version
 
     def pause(self) -> None:
+        self._paused_at = time.monotonic()
         self.gate.pause()
         if self.on_pause is not None:
             self.on_pause()
@@ -174,6 +176,9 @@ class SyncRolloutPool:
         if self.on_resume is not None:
             self.on_resume()
         self.gate.resume()
+        if self._paused_at is not None:
+            self.paused_s += time.monotonic() - self._paused_at
+            self._paused_at = None
 
     def set_version(self, version: int) -> None:
         self._version = version
@@ -188,16 +193,11 @@ class SyncRolloutPool:
         self._version = version
 
     def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
+        """The refresh bracket (`asyncwebrl.weights.bracket`) on this pool alone."""
+        from asyncwebrl.weights.bracket import RefreshBracket
+
         target = self._version + 1 if new_version is None else new_version
-        t0 = time.monotonic()
-        self.pause()
-        try:
-            result = fn()
-            self._version = target
-        finally:
-            self.resume()
-            self.paused_s += time.monotonic() - t0
-        return result
+        return RefreshBracket(self).refresh(target, fn)[1]
 
     def stats(self) -> RolloutStats:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0

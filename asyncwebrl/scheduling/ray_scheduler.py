@@ -7,12 +7,15 @@ apart from both others. Without GPUs the bundles are fractional CPU slices.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asyncwebrl.scheduling.placement import RolePlan
+
+log = logging.getLogger(__name__)
 
 _saved_env: dict[str, str | None] = {}
 """environment init_ray changed for a token-authenticated cluster, restored by `restore_ray_env`"""
@@ -60,8 +63,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, auth_token
         # the cluster's own resources count: num_cpus/num_gpus may not be given when joining
         ray.init(address=address, runtime_env=env, **kwargs)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, runtime_env=env,
-                 log_to_driver=True, **kwargs)
+        # Ray 2.60 gives its raylet a fixed 30 s to register; on a loaded machine that can pass, and a
+        # fresh attempt then succeeds: try up to three times before giving up
+        for attempt in range(3):
+            try:
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         runtime_env=env, log_to_driver=True, **kwargs)
+                break
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+                if "timed out during startup" not in str(e) or attempt == 2:
+                    raise
+                log.warning("local Ray instance did not start in time (attempt %d of 3): %s", attempt + 1, e)
+                ray.shutdown()
     return True
 
 

@@ -136,7 +136,8 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
     at the node's address.
 
     Key: `api_key` guards every endpoint but /health; without one a fresh random key guards the
-    control endpoints (generation stays open to loopback programs). Either way it is in
+    control endpoints of a loopback server (generation stays open to this machine's programs) and
+    every endpoint of a server on any other address. Either way it is in
     `ServerProcess.api_key`. `allow_auto_truncate` (on: the rollout's budgets assume it) clamps
     max_new_tokens to the context; `weights_roots` are the folders update_weights_from_disk may read;
     `trainer_addresses` the hosts init_weights_update_group may dial besides loopback."""
@@ -151,7 +152,10 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
         device_arg = "cuda:0"
     else:
         device_arg = device
-    cmd = server_command(backend, model, host, port, device_arg, dtype, "all" if api_key else "control",
+    from asyncwebrl.inference.policy import is_loopback
+
+    scope = "control" if api_key is None and is_loopback(host) else "all"  # off-box clients always need the key
+    cmd = server_command(backend, model, host, port, device_arg, dtype, scope,
                          max_batch_size, threads=cpu_threads, weight_sync_timeout_s=weight_sync_timeout_s,
                          max_context_len=max_context_len, parent_pid=os.getpid(),
                          allow_auto_truncate=allow_auto_truncate, weights_roots=weights_roots,

@@ -34,6 +34,7 @@ class TrainerRank:
 
         self.rank = rank
         self.cfg = actor_cfg
+        self.master_addr = master_addr
         self.multi_node = multi_node
         self.actor = FSDPActor(actor_cfg, rank=rank, world_size=world_size, master_addr=master_addr,
                                master_port=master_port, device=device)
@@ -51,30 +52,38 @@ class TrainerRank:
         if self.rank != 0:
             return
         from asyncwebrl.net import node_address
-        from asyncwebrl.training.weight_sync import WeightBroadcaster
+        from asyncwebrl.weights.sender import WeightSender
 
         if self.broadcaster is not None:  # re-forming the group (a server died or came back): drop the old one
             self.broadcaster.close()
             self.broadcaster = None
-        # NCCL from the trainer's GPU when it has one, gloo from CPU memory otherwise
-        # the servers dial this rank's node: its Ray node IP when the cluster spans nodes
-        self.broadcaster = WeightBroadcaster(server_addresses, api_key, self.cfg, master_port=master_port,
-                                             master_address=node_address(self.multi_node),
-                                             device=str(self.actor.device))
+        # NCCL from the trainer's GPU when it has one, gloo from CPU memory otherwise; the servers dial
+        # this rank's node: its Ray node IP when the cluster spans nodes
+        self.broadcaster = WeightSender(server_addresses, api_key, master_address=node_address(self.multi_node),
+                                        master_port=master_port or 0, device=str(self.actor.device),
+                                        bucket_mb=self.cfg.weight_chunked_mem_mb,
+                                        timeout_s=self.cfg.weight_update_timeout_s)
         self.broadcaster.init_group()
 
-    def broadcast_weights(self, version: int) -> dict[str, Any]:
-        """Gather full parameters (all ranks take part), then rank 0 broadcasts them to the servers."""
-        named = self.actor.state_dict_for_broadcast()
+    def broadcast_weights(self, version: int):
+        """Send the weights to the servers, gathered one parameter at a time as the buckets fill (all
+        ranks take part in the gathers); rank 0's TransferReport, None on the other ranks."""
+        named = self.actor.iter_full_parameters()
         if self.rank != 0:
-            return {}
+            for _ in named:  # the other ranks' side of each gather
+                pass
+            return None
         if self.broadcaster is None:
             raise RuntimeError("broadcast_weights before init_weight_group")
-        return self.broadcaster.broadcast(named, version) or {}
+        return self.broadcaster.transfer(named, meta=self.actor.parameter_meta())
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last)
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        path = self.actor.save_checkpoint(root, extra_state=extra_state, keep_last=keep_last, background=background)
         return str(path) if path is not None else None
+
+    def flush_checkpoints(self) -> None:
+        self.actor.flush_checkpoints()
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self.actor.load_checkpoint(path)
@@ -108,11 +117,18 @@ class TrainerGroup:
     def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
         self._all("init_weight_group", server_addresses, api_key)
 
-    def broadcast_weights(self, version: int) -> dict[str, Any]:
+    def broadcast_weights(self, version: int):
+        """Rank 0's `TransferReport`."""
         return self._all("broadcast_weights", version)[0]
 
-    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None) -> str | None:
-        return self._all("save_checkpoint", root, extra_state, keep_last)[0]
+    def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
+                        background: bool = False) -> str | None:
+        """Rank 0's checkpoint path; with `background` it is complete only after `flush_checkpoints`
+        (or when `latest_complete_checkpoint` shows it)."""
+        return self._all("save_checkpoint", root, extra_state, keep_last, background)[0]
+
+    def flush_checkpoints(self) -> None:
+        self._all("flush_checkpoints")
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return self._all("load_checkpoint", path)[0]

@@ -149,6 +149,7 @@ class FSDPActor:
         self.version = 0
         """policy version: starts at 0, +1 per train_step (SPEC section 4)"""
         self.step = 0
+        self.ckpt_writer = ckpt.CheckpointWriter()
 
     # ---- collectives (no-ops in single-process mode) --------------------------------------------
     def _all_sum(self, values: list[float]) -> list[float]:
@@ -320,21 +321,26 @@ class FSDPActor:
         return out
 
     # ---- weights out ------------------------------------------------------------------------------
-    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
-        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
-        out = []
+    def parameter_meta(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(HF name, dtype, full shape) of every parameter, tied weights once, in `named_parameters()`
+        order (local: no collective)."""
+        return [(name, p.dtype, tuple(p.shape)) for name, p in self.hf.named_parameters()]
+
+    def iter_full_parameters(self):
+        """Yield (HF name, full tensor) in `parameter_meta` order, gathering one parameter at a time
+        (collective under FSDP: every rank must run the iterator to the end; other ranks get their
+        gathered copy too, and drop it). Nothing larger than one parameter is held at once here."""
         for name, p in self.hf.named_parameters():
             t = p.detach()
             if hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            if self.rank == 0:
-                out.append((name, t))
-        return out
+            yield name, t
 
-    def state_dict_for_broadcast(self) -> list[tuple[str, torch.Tensor]]:
-        """What `WeightBroadcaster.broadcast` sends: full parameters gathered on rank 0, on its device."""
-        return self.full_named_parameters()
+    def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
+        order; collective under FSDP (every rank must call), only rank 0 gets tensors."""
+        out = [(n, t) for n, t in self.iter_full_parameters()]
+        return out if self.rank == 0 else []
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _optim_state_full(self) -> dict[str, Any] | None:
@@ -345,17 +351,28 @@ class FSDPActor:
             full_state_dict=True, cpu_offload=self.distributed))
 
     def save_checkpoint(self, root: str | Path, extra_state: dict[str, Any] | None = None,
-                        keep_last: int | None = None) -> Path | None:
-        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path)."""
+                        keep_last: int | None = None, background: bool = False) -> Path | None:
+        """Atomic checkpoint `root/version_<v>` (collective; rank 0 writes and returns its path).
+        With `background`, rank 0 returns once its snapshot is taken and the write goes on in the
+        writer thread (at most one in flight; `flush_checkpoints` waits for it)."""
         params = self.full_named_parameters()
         optim = self._optim_state_full()
         path = None
         if self.rank == 0:
-            path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
-                                         optim, extra_state, keep_last)
+            if background:
+                path = self.ckpt_writer.submit(root, self.version, self.step, dict(params), self.model_path,
+                                               optim, extra_state, keep_last)
+            else:
+                self.ckpt_writer.wait()
+                path = ckpt.write_checkpoint(root, self.version, self.step, dict(params), self.model_path,
+                                             optim, extra_state, keep_last)
         if self.distributed:
             dist.barrier()
         return path
+
+    def flush_checkpoints(self, timeout_s: float | None = None) -> Path | None:
+        """Wait for the background write in flight (rank 0; a no-op elsewhere); raises its error."""
+        return self.ckpt_writer.wait(timeout_s)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore model, optimizer, step and version from a complete checkpoint; returns its
@@ -397,5 +414,9 @@ class FSDPActor:
             raise ValueError(f"checkpoint does not match the model: missing {bad_missing[:5]}, unexpected {unexpected[:5]}")
 
     def close(self) -> None:
+        try:
+            self.ckpt_writer.wait()
+        except Exception:  # noqa: BLE001 - reported where it happened; closing must go on
+            pass
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()

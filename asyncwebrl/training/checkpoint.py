@@ -13,6 +13,12 @@ Invariant: a folder named `version_*` without `COMPLETE` is never returned by
 `latest_complete_checkpoint`. Everything is written into a hidden temp folder, each file fsynced,
 the marker written and fsynced, then the folder is renamed into place (atomic on one filesystem) and
 the parent directory fsynced; a crash at any point leaves the previous complete checkpoint usable.
+
+Writes that do not stall the trainer (`CheckpointWriter`): the caller blocks only while the state is
+snapshotted (a clone on its own device, a device-to-device copy; host memory if the device is full);
+the device-to-host copy, serialisation, fsyncs and the atomic publish run on one writer thread. At
+most one write is in flight: a new one first waits for the previous (the caller times that wait as
+part of its stall).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import json
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -70,6 +78,7 @@ def write_checkpoint(
     extra_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
     _crash_after_model: bool = False,
+    _before_publish: Any = None,
 ) -> Path:
     """Write one checkpoint atomically and prune older complete ones down to `keep_last`.
 
@@ -98,6 +107,8 @@ def write_checkpoint(
     (tmp / EXTRA_STATE).write_text(json.dumps(extra_state or {}))
     for f in tmp.iterdir():
         _fsync_file(f)
+    if _before_publish is not None:  # test hook: runs with everything but the marker written
+        _before_publish()
     (tmp / COMPLETE).write_text("ok\n")
     _fsync_file(tmp / COMPLETE)
     _fsync_dir(tmp)
@@ -112,6 +123,88 @@ def write_checkpoint(
     if keep_last is not None:
         prune(root, keep_last)
     return final
+
+
+def _snapshot(x: Any) -> Any:
+    """A private copy of a (nested) state that training may go on mutating: tensors cloned on their
+    own device (to host memory if the device has no room), everything else as is."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.is_cuda:
+            try:
+                return t.clone()
+            except torch.OutOfMemoryError:
+                return t.to("cpu")
+        return t.clone()
+    if isinstance(x, dict):
+        return {k: _snapshot(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_snapshot(v) for v in x)
+    return x
+
+
+def _to_host(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to("cpu")
+    if isinstance(x, dict):
+        return {k: _to_host(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_host(v) for v in x)
+    return x
+
+
+class CheckpointWriter:
+    """Background checkpoint writes, at most one in flight (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_path: Path | None = None
+        self.last_write_s = 0.0
+        """seconds the newest finished write took on the writer thread"""
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, root: str | Path, version: int, step: int, model_state: dict[str, torch.Tensor],
+               source_model_dir: str | Path | None, optim_state: dict[str, Any] | None = None,
+               extra_state: dict[str, Any] | None = None, keep_last: int | None = None,
+               _before_publish: Any = None) -> Path:
+        """Snapshot the state (blocking, short) and write it in the background; returns the path the
+        checkpoint will have once complete. Raises the previous write's error, if it failed."""
+        self.wait()
+        model = _snapshot(model_state)
+        optim = _snapshot(optim_state) if optim_state is not None else None
+        extra = json.loads(json.dumps(extra_state or {}))
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                self.last_path = write_checkpoint(root, version, step, model, source_model_dir,
+                                                  _to_host(optim) if optim is not None else None, extra, keep_last,
+                                                  _before_publish=_before_publish)
+            except BaseException as e:  # noqa: BLE001 - raised to the trainer at the next submit/wait
+                self._error = e
+            finally:
+                self.last_write_s = time.perf_counter() - t0
+
+        # not a daemon: a clean exit finishes the write; a kill leaves only a temp folder behind
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+        return Path(root) / checkpoint_name(version)
+
+    def wait(self, timeout_s: float | None = None) -> Path | None:
+        """Block until the write in flight (if any) is published; raises its error."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError(f"checkpoint write still running after {timeout_s}s")
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"background checkpoint write failed: {e}") from e
+        return self.last_path
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:

@@ -59,8 +59,12 @@ class ActorConfig:
     """k of the constant 1/k per-step normalizer"""
     weight_update_mode: Literal["xccl", "disk"] = "xccl"
     """how weights reach the train-rollout servers: broadcast group (NCCL/gloo) or checkpoint on disk"""
-    weight_chunked_mem_mb: int = 256
-    """bucket size of one broadcast / one /update_weights_from_distributed call"""
+    weight_chunked_mem_mb: int = 2048
+    """flat bucket size (MiB) of one broadcast: the fastest of 512/1024/2048 on 2x H200 for 1.5B and 8B
+    (bench/results/weightsync_gpu.json, per_bucket_mb)"""
+    weight_pause_mode: Literal["in_place", "retract", "abort"] = "in_place"
+    """/pause_generation mode during a refresh (SGLang's): keep in-flight requests in place, retract
+    them to the queue, or abort them (the client resubmits, keeping per-token logprobs and versions)"""
     weight_update_timeout_s: float = 120.0
     """a weight update not done in this time is an error, never a hang"""
 
@@ -94,6 +98,8 @@ class ActorConfig:
             raise ValueError("actor.eps_clip_higher must be > 0 (or null)")
         if self.step_normalizer_k < 1:
             raise ValueError("actor.step_normalizer_k must be >= 1")
+        if self.weight_pause_mode not in ("in_place", "retract", "abort"):
+            raise ValueError("actor.weight_pause_mode must be in_place, retract or abort")
         if self.weight_update_timeout_s <= 0:
             raise ValueError("actor.weight_update_timeout_s must be > 0")
         if len(self.adam_betas) != 2:

@@ -1,7 +1,8 @@
 """The web environment (SPEC section 7): real Chromium through Playwright, MiniWoB++ and WebGym-style
 tasks, observations, the action grammar, and the prompt the agent reads.
 
-browser.py      one Chromium process, many contexts; recycling, crash relaunch, navigation policy
+browser.py      one Chromium process, many contexts; a fresh context per episode, crash relaunch, deadlines
+fence.py        the network fence: a filtering proxy per context that checks every resolved address
 miniwob.py      MiniWoB++ tasks from the `miniwob` package, served on 127.0.0.1
 webgym.py       JSONL task files (start URL, budget, allowed origins, evaluator) + demo_site/
 observe.py      screenshot, interactive element list (in-page runtime), set-of-marks overlay

@@ -65,6 +65,9 @@ _NO_POPUPS_JS = r"""
 })();
 """
 
+MAX_BLOCKED_RECORDS = 200
+"""fence records kept per step (a page can make thousands of refused requests)"""
+
 _PROXY_BYPASS = "<-loopback>"
 """Chromium's bypass rule that REMOVES its implicit bypass of loopback: localhost and 127.0.0.1 go
 through the fence like everything else (given explicitly, Playwright passes it on unchanged)"""
@@ -118,6 +121,7 @@ class BrowserSession:
         self.crashed = False
         self._lock = threading.Lock()  # the fence records from its own thread
         self._blocked: list[BlockedRequest] = []
+        self._blocked_dropped = 0
         self.popups = 0
         """popups closed since the last `take_blocked()`"""
         self._navigations: list[str] = []
@@ -161,10 +165,14 @@ class BrowserSession:
                 await self._on_popup(p)
 
     def record_blocked(self, item: BlockedRequest) -> None:
-        """Called by the fence (from its thread) for every refused or unreachable connection."""
+        """Called by the fence (from its thread) for every refused or unreachable connection; a page
+        that floods the fence keeps only the first MAX_BLOCKED_RECORDS per step (plus a count)."""
         log.debug("fence: %s %s (%s)", item.kind, item.target, item.reason)
         with self._lock:
-            self._blocked.append(item)
+            if len(self._blocked) < MAX_BLOCKED_RECORDS:
+                self._blocked.append(item)
+            else:
+                self._blocked_dropped += 1
 
     def alive(self) -> bool:
         return (not self.crashed and not self.page.is_closed() and self.pool.connected()
@@ -177,7 +185,9 @@ class BrowserSession:
     def take_blocked(self) -> list[BlockedRequest]:
         """The fence's records since the last call (popups closed count as refused 'popup' targets)."""
         with self._lock:
-            out, self._blocked = self._blocked, []
+            out, self._blocked, dropped, self._blocked_dropped = self._blocked, [], self._blocked_dropped, 0
+        if dropped:
+            out.append(BlockedRequest(f"({dropped} more)", "refused", "further records of this step dropped"))
         if self.popups:
             out += [BlockedRequest("popup", "refused", "new windows are closed")] * self.popups
             self.popups = 0

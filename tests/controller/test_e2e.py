@@ -14,8 +14,9 @@ from asyncwebrl.controller.system import build_system
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def _get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
+def _get(url, key: str | None = None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -44,9 +45,13 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         assert ckpt is not None and json.loads((ckpt / "trainer_state.json").read_text())["version"] == steps
         want = params_checksum(load_model(str(ckpt)).named_parameters())
         for addr in system.server_addresses:
-            got = _get(addr + "/weights_checksum")
+            got = _get(addr + "/weights_checksum", system.api_key)
             assert got["weight_version"] == str(steps)
             assert got["sha256"] == want
+            # every refresh told the server: pause, update session, continue (one bracket per step)
+            events = _get(addr + "/server_info", system.api_key)["control_events"]
+            for e in ("/pause_generation", "/begin_weight_update", "/end_weight_update", "/continue_generation"):
+                assert events.count(e) >= steps, (e, events)
 
         # evaluation ran on a checkpoint, tagged with its version
         done = system.test_rollout.evaluate_latest_blocking(timeout_s=600)
@@ -67,6 +72,9 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         train = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "train"]
         assert [r["version"] for r in train] == list(range(1, steps + 1))
         assert all(r["n_trajectories"] == 2 for r in train)
+        # the refresh's own figures reach the logs, and checkpoints blocked the loop only briefly
+        assert all(r["sync_transfer_s"] > 0 and r["sync_n_buckets"] >= 1 and r["sync_bytes"] > 0 for r in train)
+        assert 0 < summary.checkpoint_stall_s == max(r["checkpoint_s"] for r in train)
         assert all(0 <= r["zero_adv_groups"] <= cfg.rollout.consumer_batch_size for r in train)
         # the adaptive tracker is in the checkpoint, with the groups the trainer consumed
         extra = json.loads((ckpt / "extra_state.json").read_text())

@@ -85,6 +85,7 @@ def test_greedy_tokens_equal_the_plain_engine_with_joins_and_leaves(engines):
         assert a.output_ids == b.output_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
     assert graph.stats["prefill_batches"] < graph.stats["prefills"]  # prefills were batched
+    assert graph.stats["lean_prefill"] == 1 and graph.stats["lean_prefill_min_cosine"] > 0.999
 
 
 def _teacher_forced(engine, prompt, output, image, temperature):
@@ -179,7 +180,7 @@ def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qw
     for e in (plain, graph):
         e.start()
     try:
-        assert graph.stats["graphs"] > 0
+        assert graph.stats["graphs"] > 0 and graph.stats["lean_prefill"] == 1
         prompts, _ = _prompts(graph)
         lens = [5, 12, 3, 9, 7]
         outs = [_run(e, [_req(p, n, image=im, temperature=0, ignore_eos=True)
@@ -190,3 +191,18 @@ def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qw
     finally:
         for e in (plain, graph):
             e.stop()
+
+
+def test_placeholder_tokens_are_never_generated(engines):
+    _, graph = engines
+    assert graph.adapter.image_token_id in graph.decoder.banned.tolist()
+    prompts, _ = _prompts(graph)
+    first = _run(graph, [_req(prompts[0][0], 6, temperature=0, ignore_eos=True)])[0].output_ids
+    saved = graph.decoder.banned
+    try:  # ban what greedy decoding picked: the prefill and every decode step must avoid it
+        graph.decoder.banned = torch.tensor(sorted(set(first)))
+        again = _run(graph, [_req(prompts[0][0], 6, temperature=0, ignore_eos=True)])[0]
+    finally:
+        graph.decoder.banned = saved
+    assert not set(again.output_ids) & set(first)
+    assert all(lp > float("-inf") for lp in again.logprobs)

@@ -50,6 +50,9 @@ def test_generate_request_with_sglang_field_names_parses():
     ({"text": ["a", "b"], "stream": True}, "stream"),
     ({"text": "a", "rid": ["x"]}, "not a batch"),
     ({"text": "a", "image_data": [["x"]]}, "single prompt"),
+    ({"text": "a", "sampling_params": {"stop": ["x"] * 65}}, "at most 64 stop strings"),
+    ({"text": "a", "sampling_params": {"stop": "x" * 513}}, "at most 64 stop strings"),
+    ({"text": "a", "rid": "r" * 257}, "longer than 256"),
 ])
 def test_bad_generate_bodies_name_the_problem(body, needle):
     with pytest.raises(ProtocolError, match=needle.replace("[", r"\[").replace("]", r"\]")):

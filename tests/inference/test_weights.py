@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from asyncwebrl.inference.client import InferenceClient
 from asyncwebrl.inference.engine import params_checksum
 from asyncwebrl.models.vlm import VLMAdapter, load_model
 from asyncwebrl.scheduling.servers import free_port, launch_server
+from asyncwebrl.weights.group import join_group
 
 pytestmark = pytest.mark.slow
 SYNC_TIMEOUT_S = 6
@@ -104,10 +104,10 @@ def test_dead_or_silent_trainer_is_an_http_error_not_a_hang(server, adapter):
         "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
         "group_name": "silent", "backend": "gloo"})))
     t.start()
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timeout)
-    pg = dist.ProcessGroupGloo(dist.PrefixStore("silent", store), 0, 2, timeout)
+    group = join_group("127.0.0.1", port, 0, 2, "silent", "gloo", "cpu", timeout.total_seconds())
     t.join()
     assert joined["r"][0] == 200, joined
+    assert http(server, "/begin_weight_update", {})[0] == 200
     checksum = http(server, "/weights_checksum")[1]["sha256"]
     t0 = time.monotonic()
     status, body = http(server, "/update_weights_from_distributed", {
@@ -119,8 +119,9 @@ def test_dead_or_silent_trainer_is_an_http_error_not_a_hang(server, adapter):
     assert http(server, "/weights_checksum")[1]["sha256"] == checksum
     assert http(server, "/model_info")[1]["weight_version"] != "99"
     assert len(greedy(server, prompt(adapter, "still there?"), 3)["output_ids"]) == 3
+    assert http(server, "/end_weight_update", {})[0] == 200
     assert http(server, "/destroy_weights_update_group", {"group_name": "silent"})[0] == 200
-    del pg
+    group.destroy()
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,16 @@
 """A stand-alone trainer rank 0 for the weight-update tests (run as a separate python process).
 
-It hosts the TCPStore, forms ProcessGroupGloo rank 0 of a group with the server (the server joins
-through POST /init_weights_update_group, issued concurrently, as the real trainer does), perturbs its
-copy of the model, and broadcasts every parameter in two buckets, each bucket's HTTP call running
-concurrently with its broadcasts. The first tensor is sent as bfloat16 (the server converts).
+It forms rank 0 of a group with the server through the project's one group constructor (the server
+joins through POST /init_weights_update_group, issued concurrently, as the real trainer does), opens
+an update session (/begin_weight_update), perturbs its copy of the model, and broadcasts every
+parameter in SGLang's per-tensor form (load_format null) in two announcements, each HTTP call
+running concurrently with its broadcasts. The first tensor is sent as bfloat16 (the server converts).
 Prints one JSON line: the sha256 of the weights it sent (asyncwebrl.inference.engine.params_checksum).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import threading
@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from asyncwebrl.inference.engine import params_checksum
 from asyncwebrl.models.vlm import load_model
+from asyncwebrl.weights.group import join_group
 
 
 def post(url: str, body: dict, out: dict) -> None:
@@ -54,22 +55,16 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the trainer's copy lives (cuda:N for nccl)")
     ap.add_argument("--dtype", default="float32", help="the trainer's parameter dtype (= the server's)")
     args = ap.parse_args()
-    timeout = datetime.timedelta(seconds=120)
-
     t, init = in_thread(f"{args.server}/init_weights_update_group", {
         "master_address": "127.0.0.1", "master_port": args.port, "rank_offset": 1, "world_size": 2,
         "group_name": args.group, "backend": args.backend})
-    store = dist.TCPStore("127.0.0.1", args.port, 2, is_master=True, timeout=timeout)
-    prefix = dist.PrefixStore(args.group, store)
-    if args.backend == "gloo":
-        pg = dist.ProcessGroupGloo(prefix, 0, 2, timeout)
-    else:
-        torch.cuda.set_device(torch.device(args.device))
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        pg = dist.ProcessGroupNCCL(prefix, 0, 2, opts)
+    group = join_group("127.0.0.1", args.port, 0, 2, args.group, args.backend, args.device, 120.0)
+    pg = group.pg
     t.join()
     assert init.get("success"), init
+    t, begin = in_thread(f"{args.server}/begin_weight_update", {})
+    t.join()
+    assert begin.get("success"), begin
 
     model = load_model(args.model, args.dtype, args.device)
     gen = torch.Generator().manual_seed(args.seed)
@@ -98,6 +93,9 @@ def main() -> None:
             torch.cuda.synchronize(buf.device)
         t.join()
         replies.append(reply)
+    t, end = in_thread(f"{args.server}/end_weight_update", {})
+    t.join()
+    assert end.get("success"), end
     t, destroy = in_thread(f"{args.server}/destroy_weights_update_group", {"group_name": args.group})
     t.join()
     print(json.dumps({"checksum": params_checksum(model.named_parameters()), "replies": replies,

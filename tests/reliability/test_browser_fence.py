@@ -349,3 +349,37 @@ def test_a_proxied_connection_carries_one_request_only():
     assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head and b"keep-alive" not in head.lower()
     assert b"/second" not in b"".join(seen) and forbidden.hits == [], (seen, forbidden.hits)
     assert not rest.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.browser
+def test_control_webrtc_udp_is_live_without_the_switches():
+    """The UDP half of the WebRTC vector is real: the same Chromium without the WebRTC switches of
+    `CHROMIUM_ARGS` sends STUN datagrams to a loopback listener (with them — the pool's launch in
+    test_every_vector_is_refused_and_reported — none arrive)."""
+    from playwright.async_api import async_playwright
+
+    from asyncwebrl.web.browser import CHROMIUM_ARGS
+
+    udp = UdpLog()
+    html = (f"<script>const pc = new RTCPeerConnection({{iceServers: [{{urls: 'stun:127.0.0.1:{udp.port}'}}]}});"
+            "pc.createDataChannel('x'); pc.createOffer().then((o) => pc.setLocalDescription(o));</script>")
+
+    async def go():
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=EnvConfig().headless_shell,
+                                               args=[a for a in CHROMIUM_ARGS if "webrtc" not in a])
+            try:
+                page = await browser.new_page()
+                await page.set_content(html)
+                for _ in range(50):
+                    if udp.hits:
+                        break
+                    await asyncio.sleep(0.1)
+            finally:
+                await browser.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        udp.close()
+    assert udp.hits > 0

@@ -38,8 +38,9 @@ SMALL = ["rollout.consumer_batch_size=1", "gconfig.n_samples=2", "env.max_steps=
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
+def _get(url: str, key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -184,7 +185,7 @@ def test_browser_pixelstore_and_server_die_during_training(tmp_path):
         # both servers serve the final weights, bit-identical
         events = ctl.supervisor.events
         assert [e.action for e in events] == ["restarted"], ctl.supervisor.figures()
-        sums = {a: _get(a + "/weights_checksum") for a in system.server_addresses}
+        sums = {a: _get(a + "/weights_checksum", system.api_key) for a in system.server_addresses}
         assert {v["weight_version"] for v in sums.values()} == {str(steps)}, sums
         assert len({v["sha256"] for v in sums.values()}) == 1, sums
 

@@ -91,9 +91,10 @@ def test_inference_server_binds_loopback_by_default(tmp_path):
 
 
 # Modules that receive bytes from a network peer (HTTP bodies, PixelStore frames, rollout records).
-NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py", "inference/weight_sync.py",
+NETWORK_MODULES = ["inference/server.py", "inference/client.py", "protocol.py",
                    "pixelstore/local_store.py", "pixelstore/store.py", "pixelstore/ray_store.py",
-                   "training/weight_sync.py", "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
+                   "weights/sender.py", "weights/receiver.py", "weights/control.py", "weights/group.py",
+                   "web/webgym.py", "web/browser.py", "rollout/workflow.py"]
 UNSAFE = {("pickle", "loads"), ("pickle", "load"), ("cloudpickle", "loads"), ("torch", "load"), ("dill", "loads"),
           ("marshal", "loads"), ("yaml", "load"), ("numpy", "load"), ("np", "load")}
 

@@ -205,6 +205,15 @@ def test_image_bombs_are_refused_from_the_header_before_decoding(srv):
     assert status == 400 and "17 images" in answer["error"]["message"]
 
 
+@pytest.mark.parametrize("image", ["file:///etc/passwd", "/etc/passwd", "http://127.0.0.1:9/x.png", "~/.ssh/id_rsa"])
+def test_image_data_is_never_fetched_or_opened(srv, image):
+    """SGLang also takes file names and URLs; here image_data is data only: no file read, no request."""
+    body = {"text": "<|vision_start|><|image_pad|><|vision_end|>hi", "image_data": image,
+            "sampling_params": {"max_new_tokens": 1}}
+    status, answer = req(srv, "POST", "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert status == 400 and "image_data[0]" in answer["error"]["message"], answer
+
+
 def test_long_text_prompts_are_refused_before_tokenizing(srv):
     body = json.dumps({"text": "word " * 1_000_000, "sampling_params": {"max_new_tokens": 1}}).encode()
     t0 = time.monotonic()
@@ -244,6 +253,8 @@ def test_a_key_file_written_by_a_server_is_private(tmp_path, monkeypatch):
     policy, path = policy_from_args(argparse.Namespace(host="127.0.0.1", api_key=None), 1234)
     assert path and Path(path).read_text() == policy.api_key and policy.key_scope == "control"
     assert os.stat(path).st_mode & 0o777 == 0o600
+    lan, _ = policy_from_args(argparse.Namespace(host="0.0.0.0", api_key=None), 1235)
+    assert lan.key_scope == "all"  # a server others can reach never serves anything without the key
     os.chmod(path, 0o644)
     with pytest.raises(ValueError, match="readable by group/others"):
         policy_from_args(argparse.Namespace(host="127.0.0.1", api_key=None, api_key_file=path), 1234)

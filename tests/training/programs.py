@@ -95,20 +95,27 @@ def uninterrupted(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: 
 
 def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, server: str,
                          version: int, api_key: str | None = None) -> dict:
-    """Train one step on FSDP ranks, gather full parameters (collective), rank 0 broadcasts them to
-    the server; returns the gathered parameters (rank 0) and the broadcast report."""
-    from asyncwebrl.training.actor import FSDPActor
-    from asyncwebrl.training.weight_sync import WeightBroadcaster
+    """Train one step on FSDP ranks, then the production refresh: every rank runs the per-parameter
+    gather as rank 0's sender fills each bucket (`TrainerRank.broadcast_weights`), inside the refresh
+    bracket; returns the full parameters (rank 0) and the transfer report."""
+    from asyncwebrl.scheduling.trainer_host import TrainerRank
+    from asyncwebrl.weights.bracket import RefreshBracket
+    from asyncwebrl.weights.control import ControlChannel
 
     torch.manual_seed(0)
-    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    trainer = TrainerRank(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    actor = trainer.actor
     actor.train_step(make_samples(actor.adapter, 4))
-    named = actor.state_dict_for_broadcast()
+    trainer.init_weight_group([server], api_key)
     report = None
     if rank == 0:
-        bc = WeightBroadcaster([server], api_key, actor.cfg)
-        bc.init_group()
-        report = bc.broadcast(named, version)
-        bc.close()
-    actor.close()
-    return {"params": {n: t.clone() for n, t in named} if rank == 0 else None, "report": report}
+        control = ControlChannel([server], api_key, 120)
+        try:
+            _, report = RefreshBracket(None, control).refresh(version, lambda: trainer.broadcast_weights(version))
+        finally:
+            control.close()
+    else:
+        trainer.broadcast_weights(version)
+    params = actor.full_named_parameters()
+    trainer.close()
+    return {"params": {n: t.clone() for n, t in params} if rank == 0 else None, "report": report}

@@ -23,7 +23,9 @@ async def _success_rates(jobs: list[tuple[str, int]]) -> dict[str, list[bool]]:
     results: dict[str, list[bool]] = {}
 
     async def worker():
-        env = MiniWoBEnv(EnvConfig())
+        # a context serves 100 episodes here: this test is about the reward path over 1200 episodes,
+        # not isolation (tests/web/test_isolation.py), and a fresh context per episode costs ~0.3-1 s
+        env = MiniWoBEnv(EnvConfig(recycle_context_every=100))
         try:
             while not queue.empty():
                 name, seed = queue.get_nowait()

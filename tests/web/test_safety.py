@@ -52,3 +52,20 @@ def test_agent_stays_on_allowed_origin(runner):
     for name in ["Router", "Elsewhere", "Admin", "New tab"]:
         assert results[name][1].invalid and results[name][1].blocked, name
     assert results["Popup"][3] == "opened"  # the page ran its script; window.open just returned null
+
+
+def test_fence_records_are_capped_per_step():
+    """A page that floods the fence with refused requests cannot blow up the step result."""
+    from asyncwebrl.web.browser import MAX_BLOCKED_RECORDS, BrowserSession
+    from asyncwebrl.web.fence import BlockedRequest
+
+    class Quiet:
+        def on(self, *a):
+            pass
+
+    s = BrowserSession(None, Quiet(), Quiet(), 0)
+    for i in range(MAX_BLOCKED_RECORDS + 50):
+        s.record_blocked(BlockedRequest(f"http://10.0.0.1/{i}", "refused", "private"))
+    out = s.take_blocked()
+    assert len(out) == MAX_BLOCKED_RECORDS + 1 and out[-1].target == "(50 more)"
+    assert s.take_blocked() == []
