@@ -71,9 +71,11 @@ def test_local_pixel_store_binds_loopback_and_needs_its_token():
 def test_inference_server_binds_loopback_by_default(tmp_path):
     from asyncwebrl.inference.config import InferenceConfig
     from asyncwebrl.models.prepare import resolve_model_path
+    from asyncwebrl.net import LOOPBACK, bind_address
     from asyncwebrl.scheduling.servers import launch_server
 
-    assert InferenceConfig().host == "127.0.0.1"
+    # 'node': this node's address, which on a single box (no multi-node Ray cluster) is loopback
+    assert bind_address(InferenceConfig().host, multi_node=False) == LOOPBACK == "127.0.0.1"
     srv = launch_server(model=resolve_model_path("tiny-qwen2.5-vl"), api_key="k3y", log_dir=tmp_path,
                         startup_timeout=300)
     try:
