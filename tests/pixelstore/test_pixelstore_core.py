@@ -115,12 +115,17 @@ def test_local_store_rejects_wrong_token_and_bad_bodies(local_store):
     r = conn.getresponse()
     assert r.status == 401
     r.read()
+    tok = local_store.server.token
+    conn.request("POST", "/get", body=json.dumps({"keys": ["a"]}), headers={"X-PixelStore-Token": tok})
+    r = conn.getresponse()
+    assert r.status == 415  # a body without its declared type (a browser form) is not read
+    r.read()
     conn.request("POST", "/get", body=json.dumps({"keys": [1, 2]}),
-                 headers={"X-PixelStore-Token": local_store.server.token})
+                 headers={"X-PixelStore-Token": tok, "Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 400 and b"keys" in r.read()
     conn.request("POST", "/put_batch", body=b"\x00\x00\x00\x00\x00\x00\x00\x09ab",
-                 headers={"X-PixelStore-Token": local_store.server.token})
+                 headers={"X-PixelStore-Token": tok, "Content-Type": "application/octet-stream"})
     r = conn.getresponse()
     assert r.status == 400 and b"truncated" in r.read()
     assert local_store.stats()["items"] >= 0  # still serving
