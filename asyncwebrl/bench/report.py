@@ -58,6 +58,13 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
                         ("largest", "largest model")],
      "asyncwebrl bench weightsync device=cuda backend=nccl sizes=1.5B,8B bucket_mb=1024,512,2048 disk=1 "
      "out=weightsync_gpu (2 GPUs)"),
+    ("longrun", [("steps", "training steps"), ("failed_episodes", "failed episodes"),
+                 ("store_capacity_bytes", "PixelStore capacity (bytes)"),
+                 ("store_bytes_put_total", "bytes put over the run"), ("store_bytes_end", "bytes held at the end")],
+     "asyncwebrl bench longrun steps=200 scheduler=local"),
+    ("multinode", [("nodes", "Ray nodes"), ("distinct_node_ips", "distinct node IPs"), ("steps", "training steps"),
+                   ("trajectories", "trajectories"), ("failed_episodes", "failed episodes")],
+     "asyncwebrl bench multinode"),
     ("soak", [("slope_mb_per_1k_episodes", "memory slope MB / 1k episodes"),
               ("floor_slope_mb_per_1k_episodes", "slope of the memory floor (per-window minima)"),
               ("peak_growth_mb", "peak of 2nd half minus peak of 1st half (MB)"),
