@@ -193,7 +193,8 @@ def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | No
     for ov in overrides or []:
         parse_override(ov)  # the same clear errors for a malformed override as before
         key, raw = ov.split("=", 1)
-        items.append(f"{key.strip().lstrip('+')}={raw}")
+        # `key=` means the empty string, as it always has (OmegaConf alone would read it as null)
+        items.append(f"{key.strip().lstrip('+')}={raw if raw.strip() else chr(39) * 2}")
     try:
         merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(items))
         data = OmegaConf.to_container(merged, resolve=True)

@@ -124,6 +124,8 @@ def test_overrides_interpolate_through_omegaconf(tmp_path, monkeypatch):
     cfg = load_run_config(None, ["cluster.fileroot=${oc.env:AWRL_SCRATCH}/runs", "gconfig.n_samples=3",
                                  "rollout.consumer_batch_size=${gconfig.n_samples}"])
     assert cfg.cluster.fileroot == f"{tmp_path}/runs" and cfg.rollout.consumer_batch_size == 3
+    # `key=` is the empty string (a string key given nothing), not null
+    assert load_run_config(None, ["test_rollout.heldout_tasks="]).test_rollout.heldout_tasks == ""
 
 
 def test_heldout_tasks_must_not_overlap_the_training_tasks():
