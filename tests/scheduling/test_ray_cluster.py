@@ -8,64 +8,56 @@ import sys
 
 import pytest
 
-from asyncwebrl.config import load_run_config
 from asyncwebrl.scheduling.ray_cluster import RayCluster
 
 pytestmark = pytest.mark.slow
 
 
-def _train(tmp_path, name: str, extra: list[str]) -> tuple[object, str]:
-    import ray
+TRAIN = ["total_train_steps=2", "actor.path=tiny-qwen2.5-vl", "env.type=synthetic", "env.max_steps=1",
+         "rollout.consumer_batch_size=1", "gconfig.n_samples=2", "test_rollout.enabled=false",
+         "stats.progress_bar=false", "stats.tensorboard=false", "checkpoint.every_n_steps=0"]
 
-    from asyncwebrl.controller.main import Controller
-    from asyncwebrl.controller.rundir import RunDir
-    from asyncwebrl.controller.system import build_system
 
-    cfg = load_run_config(None, [
-        f"cluster.fileroot={tmp_path}", f"trial_name={name}", "total_train_steps=2", "actor.path=tiny-qwen2.5-vl",
-        "scheduler.type=ray", "env.type=synthetic", "env.max_steps=1", "rollout.consumer_batch_size=1",
-        "gconfig.n_samples=2", "test_rollout.enabled=false", "stats.progress_bar=false",
-        "stats.tensorboard=false", "checkpoint.every_n_steps=0", *extra,
-    ])
-    run = RunDir(cfg.run_dir, keep_episodes=0, tensorboard=False)
-    system = build_system(cfg, run)
-    try:
-        gcs = ray.get_runtime_context().gcs_address
-        summary = Controller(cfg, system, run).train()
-        failed = system.rollout.stats().failed_episodes
-    finally:
-        system.shutdown()
-        run.close()
-    assert not ray.is_initialized()
-    assert failed == 0
-    return summary, gcs
+def _train_cli(tmp_path, name: str, extra: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`asyncwebrl train` as a user starts it: a process of its own. (In one pytest process, Ray keeps the
+    first cluster's auth token and GCS client around, and a later cluster refuses the driver.)"""
+    return subprocess.run([sys.executable, "-m", "asyncwebrl", "train", f"cluster.fileroot={tmp_path}",
+                           f"trial_name={name}", *TRAIN, *extra], env=env, capture_output=True, text=True,
+                          timeout=1200)
 
 
 def test_trains_on_a_cluster_started_beforehand_and_a_default_run_succeeds_beside_it(tmp_path):
     with RayCluster(head_resources={"awrl_test": 10.0}, start_niceness=-10) as cluster:
-        summary, gcs = _train(tmp_path, "joined", [f"scheduler.ray_address={cluster.address}",
-                                                   f"scheduler.ray_auth_token_file={cluster.token_file}"])
-        port = cluster.address.rsplit(":", 1)[1]  # Ray spells a loopback GCS host as the machine's IP
-        assert summary.steps == 2 and gcs.rsplit(":", 1)[1] == port
+        base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+        joined = _train_cli(tmp_path, "joined", [f"scheduler.ray_address={cluster.address}",
+                                                 f"scheduler.ray_auth_token_file={cluster.token_file}"], base)
+        assert joined.returncode == 0, joined.stderr[-3000:]
+        assert "steps / version    2 / 2" in joined.stdout and ", 0 failed," in joined.stdout
+        # the run really joined the cluster: it ran on the cluster's GCS, not a private instance
+        port = cluster.address.rsplit(":", 1)[1]
+        assert f":{port}" in joined.stderr + joined.stdout, "the joined run never mentions the cluster's GCS"
         # a default `asyncwebrl train` beside it, with the cluster advertised in its environment, runs
-        # on a private instance of its own (a separate process, as a user would start it)
-        env = dict(os.environ, RAY_ADDRESS=cluster.address)
-        r = subprocess.run([sys.executable, "-m", "asyncwebrl", "train", f"cluster.fileroot={tmp_path}",
-                            "trial_name=beside", "total_train_steps=2", "actor.path=tiny-qwen2.5-vl",
-                            "env.type=synthetic", "env.max_steps=1", "rollout.consumer_batch_size=1",
-                            "gconfig.n_samples=2", "test_rollout.enabled=false", "stats.progress_bar=false",
-                            "stats.tensorboard=false", "checkpoint.every_n_steps=0"],
-                           env=env, capture_output=True, text=True, timeout=1200)
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert "steps / version    2 / 2" in r.stdout  # (before: "When connecting to an existing cluster ...")
+        # on a private instance of its own
+        beside = _train_cli(tmp_path, "beside", [], dict(base, RAY_ADDRESS=cluster.address))
+        assert beside.returncode == 0, beside.stderr[-3000:]
+        assert "steps / version    2 / 2" in beside.stdout  # (before: "When connecting to an existing cluster ...")
+        assert "Started a local Ray instance" in beside.stderr + beside.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 (network namespace)")
 def test_training_spans_two_nodes_with_distinct_node_ips(tmp_path):
-    from asyncwebrl.bench.multinode import run_multinode
+    """`asyncwebrl bench multinode` in a process of its own; its typed record comes back from its file."""
+    import json
 
-    figs = run_multinode({"steps": 3, "model": "tiny-qwen2.5-vl", "env": "synthetic", "tasks": "synthetic",
-                          "subnet": 77, "start_niceness": -10, "seed": 1}, tmp_path)
+    from asyncwebrl.bench.multinode import MultinodeFigures
+
+    out = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "asyncwebrl", "bench", "multinode", "steps=3", "env=synthetic",
+                        "tasks=synthetic", "subnet=77", "start_niceness=-10", "seed=1"],
+                       env=dict(os.environ, ASYNCWEBRL_BENCH_DIR=str(out)), capture_output=True, text=True,
+                       timeout=1500)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    figs = MultinodeFigures(**json.loads((out / "multinode.json").read_text())["figures"])
     assert figs.nodes == 2 and figs.distinct_node_ips == 2
     assert figs.steps == 3 and figs.trajectories == 6 and figs.failed_episodes == 0 and figs.missing_pixels == 0
     # the servers run on the other node and are dialled at its address, the trainer on the head
