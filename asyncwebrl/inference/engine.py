@@ -362,16 +362,22 @@ class HFEngine:
         out = self.model(**kw, **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
 
-    def _prefill(self, r: EngineRequest) -> None:
-        from transformers import DynamicCache
-
-        batch = self.adapter.collate([r.input_ids], [r.images])
+    def _prefill_inputs(self, reqs: list[EngineRequest]) -> tuple[dict[str, Any], bool]:
+        """The model inputs of a prefill of `reqs` on this engine's device (pixels in the model's dtype),
+        and whether the model is a Qwen VL (whose cached M-RoPE deltas are reset for the new batch)."""
+        batch = self.adapter.collate([r.input_ids for r in reqs], [r.images for r in reqs])
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if "pixel_values" in batch:
             batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
         qwen = self.family in (QWEN2VL, QWEN3VL)
         if qwen:
             self.model.model.rope_deltas = None
+        return batch, qwen
+
+    def _prefill(self, r: EngineRequest) -> None:
+        from transformers import DynamicCache
+
+        batch, qwen = self._prefill_inputs([r])
         cache = DynamicCache()
         logits = self._forward(**batch, cache=cache)
         delta = 0

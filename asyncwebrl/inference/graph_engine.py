@@ -218,13 +218,7 @@ class GraphEngine(HFEngine):
         dec = self.decoder
         assert dec is not None
         t0 = time.perf_counter()
-        batch = self.adapter.collate([r.input_ids for r in group], [r.images for r in group])
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        if "pixel_values" in batch:
-            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        qwen = self.family in (QWEN2VL, QWEN3VL)
-        if qwen:
-            self.model.model.rope_deltas = None
+        batch, qwen = self._prefill_inputs(group)
         b = self._batch
         first = len(b.reqs)
         slots = list(range(first, first + len(group)))
