@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from view_fixtures import CHROMIUM, CHROMIUM_ARGS, PAGE_TEMPLATE
 
 
-@pytest.fixture(scope="session")
-def browser():
+@contextlib.contextmanager
+def _chromium():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=60_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# Module scope, not session: while Playwright's sync API is open it owns a running asyncio loop on the
+# main thread, and every later test that calls asyncio.run() (the web suite does) would fail.
+@pytest.fixture(scope="module")
+def browser():
+    with _chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="session")
-def screenshots(browser) -> list[bytes]:
-    """Four MiniWoB-sized (160x210) screenshots of a small task page, taken by Chromium."""
+def screenshots() -> list[bytes]:
+    """Four MiniWoB-sized (160x210) screenshots of a small task page, taken by Chromium (closed again)."""
+    with _chromium() as b:
+        return _take(b)
+
+
+def _take(browser) -> list[bytes]:
     page = browser.new_page(viewport={"width": 160, "height": 210})
     shots = []
     for i, instr in enumerate(["Click on the ONE button.", "Click on the TWO button.",
