@@ -10,6 +10,8 @@
 #   mkdir -p .wscache/cache/models && cp -r ~/.cache/asyncwebrl/models/tiny-qwen2.5-vl .wscache/cache/models/
 # then on the GPU box:   bash bench/gpu_e2e.sh OUTDIR [GPUS=2] [SHAPE=qwen2.5-vl-3b]
 # (GPUS=0 SHAPE=qwen2.5-vl-tiny rehearses the same script on a CPU with the venv.)
+# Both modes need more than one 10-minute device call: MODES=sync MODE_DIR=.gpu-halves in one call,
+# copy $OUT/halves back into the carried tree, then MODES=async MODE_DIR=.gpu-halves combines them.
 set -x
 OUTD=${1:-$OUT}; GPUS=${2:-2}; SHAPE=${3:-qwen2.5-vl-3b}; STEPS=${STEPS:-12}
 SCREENS=${SCREENS:-.wscache/screens}
@@ -28,8 +30,9 @@ T0=$(date +%s)
 $PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE', '/tmp/awrl-model', 'bfloat16')" || exit 1
 echo "model ready after $(( $(date +%s) - T0 )) s"
 $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
-  batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-gpu} fileroot=${FILEROOT:-/tmp/awrl-runs} \
+  batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-gpu} modes=${MODES:-sync,async} mode_dir=${MODE_DIR:-} fileroot=${FILEROOT:-/tmp/awrl-runs} \
   "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
+[ -n "$MODE_DIR" ] && mkdir -p $OUTD/halves && cp $MODE_DIR/*.json $OUTD/halves/
 echo "e2e done after $(( $(date +%s) - T0 )) s"
 # the servers' logs (engine stats, graph capture) next to the result
 tail -n 30 ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/logs/*.log > $OUTD/servers.log 2>/dev/null

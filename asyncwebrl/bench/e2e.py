@@ -19,7 +19,12 @@ Figures (SPEC section 11: every throughput ratio twice):
 
 Knobs (key=value): steps, batch, n_samples, eta, max_steps, tasks, env (miniwob|synthetic),
 scheduler (ray|local), model, gpus (0 = CPU), extra (a ';'-separated list of config overrides),
-workload (default | web-shaped).
+workload (default | web-shaped), modes, mode_dir.
+
+A long GPU headline need not fit one call: `modes=sync mode_dir=DIR` runs only the sync half and keeps
+its record in DIR/sync.json (with the knobs it ran under); a later `modes=async mode_dir=DIR` (same
+knobs, DIR carried along) runs the other half and writes the combined result. A kept half whose
+knobs differ from this call's is refused, never silently mixed.
 
 `workload=web-shaped` is the synthetic env shaped like web agents' work (issue 18): recorded pages
 (env.synthetic_replay_dir, from `asyncwebrl record-screens`), step/reset/warm-up latencies replayed
@@ -60,7 +65,12 @@ DEFAULTS = {
     "out": "e2e",
     "fileroot": "/tmp/asyncwebrl-bench",
     "workload": "default",
+    "modes": "sync,async",
+    "mode_dir": "",
 }
+MODES = ("sync", "async")
+# knobs that only say where things go or which half runs; every other knob must match to combine halves
+_PLACEMENT_KNOBS = {"modes", "mode_dir", "out", "fileroot"}
 
 WEB_LATENCY_FILE = Path(__file__).resolve().parents[2] / "bench" / "data" / "web_latency.json"
 MIN_WEB_SESSIONS = 64
@@ -205,6 +215,37 @@ def run_mode_isolated(mode: str, knobs: dict[str, Any]) -> ModeResult:
         return ModeResult(**json.loads(out.read_text()))
 
 
+def _half_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in knobs.items() if k not in _PLACEMENT_KNOBS}
+
+
+def save_half(mode_dir: Path, res: ModeResult, knobs: dict[str, Any]) -> Path:
+    mode_dir.mkdir(parents=True, exist_ok=True)
+    path = mode_dir / f"{res.mode}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"knobs": _half_knobs(knobs), "result": dataclasses.asdict(res)}, default=float))
+    tmp.replace(path)
+    return path
+
+
+def load_half(mode_dir: Path, mode: str, knobs: dict[str, Any]) -> ModeResult | None:
+    """The kept record of `mode` in mode_dir, or None; a record run under other knobs is an error."""
+    path = mode_dir / f"{mode}.json"
+    if not path.exists():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+        kept_knobs, res = rec["knobs"], ModeResult(**rec["result"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"bench e2e: {path} is not a kept half of bench e2e ({e})") from e
+    want = json.loads(json.dumps(_half_knobs(knobs), default=str))
+    if kept_knobs != want:
+        diff = sorted(k for k in set(kept_knobs) | set(want) if kept_knobs.get(k) != want.get(k))
+        raise SystemExit(f"bench e2e: {path} ran with other knobs ({', '.join(diff)}); the halves would not "
+                         "be comparable. Use the same knobs or another mode_dir")
+    return res
+
+
 def _cpu_times() -> tuple[int, int] | None:
     """(busy, total) jiffies of all cores from /proc/stat; None off Linux."""
     try:
@@ -275,11 +316,30 @@ def main(overrides: list[str] | None = None) -> int:
     knobs = parse_overrides(overrides, DEFAULTS)
     if int(knobs["steps"]) < 2:
         raise SystemExit("bench e2e needs steps >= 2 (the steady state excludes the first step); SPEC asks >= 12")
-    sync = run_mode_isolated("sync", knobs)
-    # a partial record first: a long GPU run cut short still leaves the sync half behind
-    write_result(knobs["out"], knobs, {"partial": "sync mode only; the async run did not finish",
-                                       "modes": {"sync": sync.figures()}})
-    asy = run_mode_isolated("async", knobs)
+    wanted = [m.strip() for m in str(knobs["modes"]).split(",") if m.strip()]
+    if not wanted or any(m not in MODES for m in wanted):
+        raise SystemExit(f"bench e2e: modes must name sync and/or async (comma list), got {knobs['modes']!r}")
+    mode_dir = Path(knobs["mode_dir"]) if knobs["mode_dir"] else None
+    done: dict[str, ModeResult] = {}
+    for mode in MODES:
+        kept = load_half(mode_dir, mode, knobs) if mode_dir is not None else None
+        if mode in wanted:
+            if kept is not None:
+                print(f"bench e2e: re-running {mode}; the kept half in {mode_dir} is replaced")
+            done[mode] = run_mode_isolated(mode, knobs)
+            if mode_dir is not None:
+                save_half(mode_dir, done[mode], knobs)
+        elif kept is not None:
+            done[mode] = kept
+        if len(done) == 1 and mode in done:  # a partial record first: a long run cut short leaves a half
+            write_result(knobs["out"], knobs, {"partial": f"{mode} mode only; the other half did not run (yet)",
+                                               "modes": {mode: done[mode].figures()}})
+    if len(done) < len(MODES):
+        missing = [m for m in MODES if m not in done]
+        print(f"bench e2e: {', '.join(done)} done; run modes={','.join(missing)} with mode_dir={mode_dir} "
+              "(same knobs) to complete the comparison")
+        return 0
+    sync, asy = done["sync"], done["async"]
     results = [sync, asy]
     e2e = E2EFigures.of(sync, asy)
     figures: dict[str, Any] = {

@@ -12,7 +12,12 @@ def test_default_config_loads_and_is_the_embedded_default():
     cfg = load_run_config()
     assert isinstance(cfg, RunConfig)
     assert cfg.allocation.rollout.backend == "hf"
-    assert cfg.env.type == "miniwob" and cfg.env.tasks == "miniwob-easy"
+    assert cfg.env.type == "miniwob"
+    from asyncwebrl.web.tasks import MINIWOB_EASY, resolve_task_names
+
+    # the single-step tasks less those the base policy always solves (no GRPO signal, nothing to gain)
+    train = resolve_task_names(cfg.env.tasks)
+    assert set(train) < set(MINIWOB_EASY) and "click-test" not in train
     assert cfg.rollout.mode == "async"
     assert cfg.test_rollout.enabled
 

@@ -1,0 +1,44 @@
+"""bench e2e split over calls: a kept half comes back whole, and halves of different workloads never mix."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncwebrl.bench import e2e
+from asyncwebrl.bench.common import parse_overrides
+
+
+def _half(mode: str, step_s: float) -> e2e.ModeResult:
+    n = 4
+    return e2e.ModeResult(
+        mode=mode, run_dir="/tmp/x", setup_s=1.0, wall_s=n * step_s, steps=n, trajectories=8 * n,
+        generated_tokens=100 * n, step_times_s=[step_s * 2] + [step_s] * (n - 1),
+        phase_times_s={"rollout_wait": [step_s / 2] * n, "train": [step_s / 2] * n, "weight_sync": [0.0] * n},
+        checkpoint_s_total=0.0, checkpoint_stall_s=0.0, trainer_idle_frac=0.1, rollout_idle_frac=0.2,
+        cpu_busy_frac=None, failed_episodes=0, dropped_stale=0, staleness_hist={"0": 3},
+        success_vs_time=[[1.0, 0.5]], timeline=[{"phase": "train", "start": 0.0, "end": 1.0}])
+
+
+def test_kept_half_round_trips_and_combines(tmp_path):
+    knobs = parse_overrides(["steps=4", "mode_dir=" + str(tmp_path)], e2e.DEFAULTS)
+    e2e.save_half(tmp_path, _half("sync", 10.0), knobs)
+    e2e.save_half(tmp_path, _half("async", 4.0), dict(knobs, modes="async", out="elsewhere"))
+    sync, asy = e2e.load_half(tmp_path, "sync", knobs), e2e.load_half(tmp_path, "async", knobs)
+    assert sync == _half("sync", 10.0)
+    assert e2e.E2EFigures.of(sync, asy).steady_state_speedup == pytest.approx(2.5)
+    assert e2e.load_half(tmp_path / "nothing-here", "sync", knobs) is None
+
+
+def test_half_from_other_knobs_is_refused(tmp_path):
+    knobs = parse_overrides(["steps=4"], e2e.DEFAULTS)
+    e2e.save_half(tmp_path, _half("sync", 10.0), knobs)
+    with pytest.raises(SystemExit, match="steps"):
+        e2e.load_half(tmp_path, "sync", dict(knobs, steps=12))
+    (tmp_path / "async.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="not a kept half"):
+        e2e.load_half(tmp_path, "async", knobs)
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(SystemExit, match="modes must name"):
+        e2e.main(["modes=warp"])
