@@ -24,7 +24,9 @@ DEFAULTS = {
     "batch": 2,
     "n_samples": 4,
     "max_steps": 2,
-    "tasks": "",
+    # the whole single-step set, solved and unsolved tasks included (as a researcher's own task pool is),
+    # not the default run's pre-filtered seven: where sampling has something to choose
+    "tasks": "miniwob-easy",
     "seeds": "1,2",
     "lr": None,
     "eval_episodes": 18,
@@ -71,6 +73,8 @@ def main(overrides: list[str] | None = None) -> int:
             "eval_last_mean": _mean([a.eval_last for a in rs]),
             "eval_last_by_seed": {str(a.seed): a.eval_last for a in rs},
             "eval_first_by_seed": {str(a.seed): a.eval_first for a in rs},
+            "eval_gain_mean": _mean([a.eval_last - a.eval_first for a in rs
+                                     if a.eval_last is not None and a.eval_first is not None]),
             "zero_adv_frac_mean": _mean([a.zero_adv_frac for a in rs]),
             "train_success_mean": _mean([statistics.fmean([s.success_rate for s in a.steps]) for a in rs if a.steps]),
             "wall_s_mean": _mean([a.wall_s for a in rs]),
@@ -83,6 +87,8 @@ def main(overrides: list[str] | None = None) -> int:
         "adaptive_over_uniform": ada / uni if uni else None,
         "eval_last_uniform": uni,
         "eval_last_adaptive": ada,
+        "eval_gain_uniform": arms["uniform"]["eval_gain_mean"],
+        "eval_gain_adaptive": arms["adaptive"]["eval_gain_mean"],
         "zero_adv_frac_uniform": arms["uniform"]["zero_adv_frac_mean"],
         "zero_adv_frac_adaptive": arms["adaptive"]["zero_adv_frac_mean"],
         "arms": arms,

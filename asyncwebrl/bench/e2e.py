@@ -14,7 +14,10 @@ Figures (SPEC section 11: every throughput ratio twice):
 - `steady_state_speedup`: median step time of sync over async, the first step excluded; a step is
   rollout wait + train + weight sync, checkpoints and evaluation are their own phases;
 - `ideal_overlap_bound`: from the sync run's steady phase medians, rollout R, train T, sync S:
-  perfect overlap gives (R + T + S) / (max(R, T) + S); `share_of_ideal` = steady / bound;
+  perfect overlap gives (R + T + S) / (max(R, T) + S); `share_of_ideal` = steady / bound; it assumes
+  rollout and training run on separate devices;
+- `shared_core_bound` (CPU only): 1 / the share of the cores the sync run kept busy. When rollout and
+  training share the cores, overlap can fill only the idle share, so this is the tighter bound there;
 - per mode: per-phase medians, trainer and rollout idle fractions, CPU busy share, failed episodes.
 
 Knobs (key=value): steps, batch, n_samples, eta, max_steps, tasks, env (miniwob|synthetic),
@@ -278,15 +281,19 @@ class E2EFigures:
     share_of_ideal: float
     tokens_per_s_ratio: float
     checkpoint_stall_s: float
+    shared_core_bound: float | None
+    """where rollout and training share the cores (gpus=0): 1 / the share of CPU the sync run kept busy,
+    the most overlap can gain when it adds no compute (None with GPUs)"""
 
     @classmethod
-    def of(cls, sync: ModeResult, asy: ModeResult) -> E2EFigures:
+    def of(cls, sync: ModeResult, asy: ModeResult, shared_cores: bool = False) -> E2EFigures:
         steady = sync.steady_step_s / max(1e-9, asy.steady_step_s)
         bound = ideal_overlap(sync)
         return cls(whole_run_speedup=asy.trajectories_per_s / max(1e-9, sync.trajectories_per_s),
                    steady_state_speedup=steady, ideal_overlap_bound=bound, share_of_ideal=steady / bound,
                    tokens_per_s_ratio=asy.tokens_per_s / max(1e-9, sync.tokens_per_s),
-                   checkpoint_stall_s=max(sync.checkpoint_stall_s, asy.checkpoint_stall_s))
+                   checkpoint_stall_s=max(sync.checkpoint_stall_s, asy.checkpoint_stall_s),
+                   shared_core_bound=(1.0 / sync.cpu_busy_frac if shared_cores and sync.cpu_busy_frac else None))
 
 
 def plot_timeline(results: list[ModeResult], out: Path) -> None:
@@ -341,7 +348,7 @@ def main(overrides: list[str] | None = None) -> int:
         return 0
     sync, asy = done["sync"], done["async"]
     results = [sync, asy]
-    e2e = E2EFigures.of(sync, asy)
+    e2e = E2EFigures.of(sync, asy, shared_cores=int(knobs["gpus"]) == 0)
     figures: dict[str, Any] = {
         **dataclasses.asdict(e2e),
         "speedup": e2e.whole_run_speedup,

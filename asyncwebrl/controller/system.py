@@ -277,5 +277,6 @@ def _build_test_rollout(s: System) -> None:
         adapter=adapter, env_factory=lambda: make_env(env_cfg), env_cfg=env_cfg, tasks=tasks,
         sampling=eval_sampling(cfg, adapter),
         on_result=lambda figs: s.run.log_metrics("eval", int(figs["version"]), figs),
-        poll_interval_s=cfg.test_rollout.poll_interval_s, store=InProcessPixelStore("eval"), heldout_tasks=heldout,
+        poll_interval_s=cfg.test_rollout.poll_interval_s, flush_after_s=cfg.test_rollout.flush_after_s or None,
+        store=InProcessPixelStore("eval"), heldout_tasks=heldout,
     )

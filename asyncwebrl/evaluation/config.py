@@ -24,9 +24,15 @@ class TestRolloutConfig:
     """evaluation sampling temperature (0 = greedy)"""
     poll_interval_s: float = 2.0
     """how often the checkpoint root is scanned"""
+    flush_after_s: float = 120.0
+    """when evaluation has waited this long for a new checkpoint, the trainer writes one at its next step
+    boundary (0 = only the checkpoint.every_n_steps checkpoints are evaluated). Where evaluation shares
+    the cores with training, every early checkpoint is an evaluation round taken from the trainer"""
 
     def validate(self) -> None:
         if self.n_gpus < 0 or self.n_episodes < 1:
             raise ValueError("test_rollout.n_gpus must be >= 0 and test_rollout.n_episodes >= 1")
+        if self.flush_after_s < 0:
+            raise ValueError("test_rollout.flush_after_s must be >= 0 (0 = evaluate the periodic checkpoints only)")
         if self.heldout_n_episodes < 0:
             raise ValueError("test_rollout.heldout_n_episodes must be >= 0 (0 = n_episodes)")

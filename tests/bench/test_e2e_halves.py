@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from asyncwebrl.bench import e2e
@@ -27,6 +29,9 @@ def test_kept_half_round_trips_and_combines(tmp_path):
     assert sync == _half("sync", 10.0)
     assert e2e.E2EFigures.of(sync, asy).steady_state_speedup == pytest.approx(2.5)
     assert e2e.load_half(tmp_path / "nothing-here", "sync", knobs) is None
+    busy = dataclasses.replace(sync, cpu_busy_frac=0.8)
+    assert e2e.E2EFigures.of(busy, asy, shared_cores=True).shared_core_bound == pytest.approx(1.25)
+    assert e2e.E2EFigures.of(busy, asy, shared_cores=False).shared_core_bound is None
 
 
 def test_half_from_other_knobs_is_refused(tmp_path):
