@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.weights.version import PolicyVersion
 
 DEFAULTS: dict[str, Any] = {
     "policy": "standin",
@@ -68,7 +69,7 @@ class GenerationStandin:
     _ELEM = re.compile(r"\[(\d+)\] \w+ \"([^\"]*)\"")
     _TARGET = re.compile(r"Click '([^']+)'")
 
-    def __init__(self, tokenizer: Any, gen_ms: float, accuracy: float, version: Any, seed: int = 0):
+    def __init__(self, tokenizer: Any, gen_ms: float, accuracy: float, version: PolicyVersion, seed: int = 0):
         self.tok = tokenizer
         self.gen_s = gen_ms / 1000.0
         self.accuracy = accuracy
@@ -90,22 +91,12 @@ class GenerationStandin:
         if self.gen_s > 0:
             await asyncio.sleep(self.rng.lognormvariate(-0.125, 0.5) * self.gen_s)
         ids = self.tok.encode(text, add_special_tokens=False)
-        v = int(self.version())
+        v = self.version.value  # what a server reports: the owner's value, set by the refresh bracket
         return StandinOutput(ids, [-0.5] * len(ids), [v] * len(ids), text, "stop", len(input_ids), "standin",
                              time.perf_counter() - t0)
 
 
-class _VersionBox:
-    """The current weight version, readable from the stand-in (set by the bench's update fn)."""
-
-    def __init__(self) -> None:
-        self.v = 0
-
-    def __call__(self) -> int:
-        return self.v
-
-
-def _build(knobs: dict[str, Any], version: _VersionBox, server: Any) -> tuple[Any, Any, Any]:
+def _build(knobs: dict[str, Any], version: PolicyVersion, server: Any) -> tuple[Any, Any, Any]:
     from asyncwebrl.models.prepare import resolve_model_path
     from asyncwebrl.pixelstore.store import PixelStore
     from asyncwebrl.rollout.config import RolloutConfig
@@ -153,7 +144,9 @@ def _free_group(store: Any, g: Any) -> None:
     store.free([k for t in g.trajectories for k in t.all_pixel_keys()])
 
 
-def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _VersionBox, server: Any) -> dict[str, Any]:
+def _run_phase(pool: Any, store: Any, steps: int, train_s: float, server: Any) -> dict[str, Any]:
+    if server is not None:  # the server reports this phase's owner, not the previous phase's
+        server.engine.weight_version = str(pool.clock.value)
     pool.start()
     t0 = time.monotonic()
     wait = 0.0
@@ -176,11 +169,10 @@ def _run_phase(pool: Any, store: Any, steps: int, train_s: float, version: _Vers
             time.sleep(train_s)
 
             def refresh() -> None:
-                version.v += 1
-                if server is not None:
-                    server.engine.weight_version = str(version.v)  # a no-op weight "update" bumps the version
+                if server is not None:  # a no-op weight "update" sets the version the bracket publishes
+                    server.engine.weight_version = str(pool.clock.next)
 
-            pool.update_weights(refresh, new_version=version.v + 1)
+            pool.update_weights(refresh)
         wall = time.monotonic() - t0
         steady_s = time.monotonic() - first_at
         st = pool.stats()
@@ -222,21 +214,22 @@ def main(overrides: list[str]) -> int:
         server = launch_in_thread(engine)
     results: dict[str, dict[str, Any]] = {}
     try:
-        version = _VersionBox()
-        spec, rcfg, store = _build(knobs, version, server)
         import dataclasses
 
+        # each phase is a fresh run: its own version owner, from 0
+        version = PolicyVersion()
+        spec, rcfg, store = _build(knobs, version, server)
         cap_cfg = dataclasses.replace(rcfg, max_head_offpolicyness=10_000)
-        results["capacity"] = _run_phase(RolloutController.local(spec, cap_cfg), store, knobs["capacity_steps"], 0.0,
-                                         version, server)
-        version.v = 0
+        results["capacity"] = _run_phase(RolloutController.local(spec, cap_cfg, clock=version), store,
+                                         knobs["capacity_steps"], 0.0, server)
+        version = PolicyVersion()
         spec, rcfg, store = _build(knobs, version, server)
-        results["async"] = _run_phase(RolloutController.local(spec, rcfg), store, knobs["steps"], knobs["train_step_s"],
-                                      version, server)
-        version.v = 0
+        results["async"] = _run_phase(RolloutController.local(spec, rcfg, clock=version), store, knobs["steps"],
+                                      knobs["train_step_s"], server)
+        version = PolicyVersion()
         spec, rcfg, store = _build(knobs, version, server)
-        results["sync"] = _run_phase(SyncRolloutPool(spec, rcfg), store, knobs["steps"], knobs["train_step_s"],
-                                     version, server)
+        results["sync"] = _run_phase(SyncRolloutPool(spec, rcfg, clock=version), store, knobs["steps"],
+                                     knobs["train_step_s"], server)
     finally:
         if server is not None:
             server.stop()

@@ -36,6 +36,7 @@ from asyncwebrl.weights.bracket import RefreshBracket
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, join_group
 from asyncwebrl.weights.sender import DEFAULT_BUCKET_MB, WeightSender
+from asyncwebrl.weights.version import PolicyVersion
 
 # llama-shaped sizes: (hidden, layers, intermediate, heads, kv_heads, vocab)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -233,17 +234,16 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
                               timeout_s=timeout_s)
         sender.init_group()
         control = ControlChannel(urls, key, timeout_s)
-        bracket = RefreshBracket(None, control, pause_mode)  # the bench has no rollout gate to pause
+        clock = PolicyVersion()  # the version's owner; the bracket advances it once per refresh
+        bracket = RefreshBracket(None, control, pause_mode, clock=clock)  # the bench has no rollout gate to pause
         meta = [(k, t.dtype, tuple(t.shape)) for k, t in named]
         flat = torch.empty(nbytes, dtype=torch.uint8, device=trainer_dev)
         tensors = [t for _, t in named]
-        version = [0]
 
         def refresh(mb: float):
             sender.bucket_bytes = int(mb * 2**20)
-            version[0] += 1
             # one trainer rank: its full parameters are the local ones (FSDP would gather per bucket)
-            rep, _ = bracket.refresh(version[0], lambda: sender.transfer(iter(named), meta))
+            rep, _ = bracket.refresh(lambda: sender.transfer(iter(named), meta))
             return rep
 
         floor.flat(flat)
@@ -285,7 +285,7 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
            for k in ("pause", "begin", "transfer", "finish", "resume")},
         "n_buckets": first[0].n_buckets, "bucket_mb": best,
         "per_bucket_mb": {str(mb): statistics.median(r.total_s for r in rs) for mb, rs in reps.items()},
-        "bit_exact_server": exact, "served_version": served_version, "expected_version": str(version[0]),
+        "bit_exact_server": exact, "served_version": served_version, "expected_version": str(clock.value),
         "floors": floors, "totals": [r.total_s for r in first],
     })
     return out

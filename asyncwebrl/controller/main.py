@@ -3,7 +3,7 @@
 Per step: prepare_batch (rollout keeps generating meanwhile) -> the task curriculum observes the
 consumed groups and pushes new sampling weights down to the rollout workers (adaptive sampling) ->
 PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> the refresh bracket of
-`asyncwebrl.weights.bracket` (pause rollout and servers, xccl broadcast or disk, version += 1,
+`asyncwebrl.weights.bracket` (pause rollout and servers, xccl broadcast or disk, advance the version,
 continue) -> checkpoint every N steps (or when test rollout asks; the loop blocks only for its
 snapshot, the write runs behind it) -> metrics.
 
@@ -11,6 +11,11 @@ Invariants: the version the rollout side tags tokens with is set only after the 
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
 sampler position, staleness seed and curriculum tracker beside the weights), and `recover=auto` resumes from the newest
 complete one with the version numbering continued.
+
+The loop keeps no version of its own: it reads the run's one owner (`System.version`, a
+`weights.version.PolicyVersion`), which only the refresh bracket advances; every train step tells the
+trainer the owner's value (the trainer raises `VersionDrift` if the weights it holds differ), and a
+resume checks that the checkpoint's version is the one the system was built at (`find_resume` read it).
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ class StepTimes:
 @dataclass
 class LoopState:
     step: int = 0
-    version: int = 0
     t_start: float = field(default_factory=time.monotonic)
     waited_s: float = 0.0
     trained_s: float = 0.0
@@ -95,6 +99,8 @@ class Controller:
         self.sys = system
         self.run = run
         self.state = LoopState()
+        self.clock = system.version
+        """the run's one weight-version owner (read here; the refresh bracket advances it)"""
         self.ckpt_root = run.root / "checkpoints"
         self.supervisor = Supervisor(system, restart_dead_servers=cfg.rollout.restart_dead_servers)
         self._control = None
@@ -117,11 +123,11 @@ class Controller:
         if extra.get("curriculum"):
             self.curriculum.load_state_dict(extra["curriculum"])
         meta = json.loads((ckpt / "trainer_state.json").read_text())
-        self.state.version = int(meta["version"])
+        self.clock.check(int(meta["version"]), f"checkpoint {ckpt.name}")  # built at find_resume's version
         self.state.step = int(meta["step"])
-        self._push_weights(self.state.version)
-        self.run.log_metrics("resume", self.state.step, {"version": self.state.version, "checkpoint": ckpt.name})
-        log.info("resumed from %s at step %d, version %d", ckpt.name, self.state.step, self.state.version)
+        self._push_weights(advance=False)  # the servers serve the checkpoint's weights, at its version
+        self.run.log_metrics("resume", self.state.step, {"version": self.clock.value, "checkpoint": ckpt.name})
+        log.info("resumed from %s at step %d, version %d", ckpt.name, self.state.step, self.clock.value)
 
     # ---- one step -----------------------------------------------------------------------------
     def _bracket(self):
@@ -138,24 +144,24 @@ class Controller:
             self._control_for = live
         return RefreshBracket(self.sys.rollout, self._control, self.cfg.actor.weight_pause_mode)
 
-    def _push_weights(self, new_version: int):
+    def _push_weights(self, advance: bool = True):
         """The one refresh bracket (`asyncwebrl.weights.bracket`): pause rollout and servers, move the
-        weights, set the version, continue. Returns its `RefreshReport`."""
+        weights, advance the version (not on resume), continue. Returns its `RefreshReport`."""
         bracket = self._bracket()
         if self.cfg.actor.weight_update_mode == "xccl":
             def transfer():
-                return self.sys.trainer.broadcast_weights(new_version)
+                return self.sys.trainer.broadcast_weights()
         else:
             def transfer():
                 path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
                                                         self.cfg.checkpoint.keep_last)
                 bracket.control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
                                          timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
-        report, _ = bracket.refresh(new_version, transfer)
+        report, _ = bracket.refresh(transfer, advance)
         return report
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.state.version,
+        return {"task_sampler": self.sys.task_sampler_state(), "staleness_version": self.clock.value,
                 "curriculum": self.curriculum.state_dict()}
 
     def _push_task_weights(self) -> None:
@@ -191,7 +197,8 @@ class Controller:
         for hook in self.step_hooks:
             hook(self)
         t0 = run.now()
-        groups = self.sys.rollout.prepare_batch(B, st.version)
+        version = self.clock.value
+        groups = self.sys.rollout.prepare_batch(B)
         t1 = run.now()
         run.log_phase(st.step, "rollout_wait", t0, t1)
         self._track_ids(groups)
@@ -201,16 +208,15 @@ class Controller:
         self._push_task_weights()
         cur = self.curriculum.record()
         run.log_metrics("curriculum", st.step + 1, cur.flat())
-        hist = staleness_hist(groups, st.version)
+        hist = staleness_hist(groups, version)
         self._keep_episodes(groups)
-        metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store)
+        metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store, version)
         t2 = run.now()
         run.log_phase(st.step, "train", t1, t2)
         server_events = self.supervisor.check(st.step)  # no broadcast to a dead server
-        sync_info = self._push_weights(st.version + 1)
+        sync_info = self._push_weights()
         t3 = run.now()
         run.log_phase(st.step, "weight_sync", t2, t3)
-        st.version += 1
         st.step += 1
         ckpt_s = 0.0
         every = cfg.checkpoint.every_n_steps
@@ -236,7 +242,7 @@ class Controller:
         rstats = self.sys.rollout.stats()
         rec = StepRecord(
             step=st.step,
-            version=st.version,
+            version=self.clock.value,
             **figs,
             staleness_hist=hist,
             n_groups=len(groups),
@@ -308,7 +314,7 @@ class Controller:
         elapsed = time.monotonic() - self.state.t_start
         return RunSummary(
             steps=self.state.step,
-            version=self.state.version,
+            version=self.clock.value,
             wall_time_s=elapsed,
             window=w,
             success_first=first,

@@ -7,6 +7,10 @@ loopback PixelStore process — for GPU boxes without Ray.
 
 Invariant: `System.shutdown()` stops everything `build_system` started, in reverse order, and is
 safe to call after a partial build (a failure half-way leaves no process behind).
+
+`System.version` is the run's ONE weight-version owner (`weights.version.PolicyVersion`), started at
+`resume_version` (0, or the checkpoint's version on resume: the one place resume sets it); the
+rollout side reads it, the refresh bracket advances it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from asyncwebrl.config import RunConfig
 from asyncwebrl.controller.rundir import RunDir
+from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,8 @@ class System:
     rollout: Any = None
     task_factory: TaskFactory | None = None
     test_rollout: Any = None
+    version: PolicyVersion = field(default_factory=PolicyVersion)
+    """the weight version's one owner (see the module docstring)"""
     _rollout_started: bool = False
     _to_close: list[Any] = field(default_factory=list)
 
@@ -143,13 +150,13 @@ def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System
     from asyncwebrl.models.prepare import resolve_model_path
 
     system = System(cfg=cfg, run=run, model_path=resolve_model_path(cfg.actor.path),
-                    api_key=cfg.inference.api_key or new_key())
+                    api_key=cfg.inference.api_key or new_key(), version=PolicyVersion(resume_version))
     try:
         if cfg.scheduler.type == "ray":
             _build_ray(system)
         else:
             _build_local(system)
-        _build_rollout(system, resume_version)
+        _build_rollout(system)
         if cfg.test_rollout.enabled:
             _build_test_rollout(system)
     except BaseException:
@@ -220,14 +227,14 @@ def _build_local(s: System) -> None:
         s.trainer.init_weight_group(s.server_addresses, s.api_key)
 
 
-def _build_rollout(s: System, resume_version: int) -> None:
+def _build_rollout(s: System) -> None:
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.rollout.controller import make_rollout_controller
     from asyncwebrl.rollout.workflow import EpisodeRolloutSpec
 
     cfg = s.cfg
     adapter = VLMAdapter(s.model_path)
-    s.task_factory = TaskFactory(cfg.env, cfg.seed, resume_version)
+    s.task_factory = TaskFactory(cfg.env, cfg.seed, s.version.start)
     spec = EpisodeRolloutSpec(
         env_cfg=cfg.env, model_path=s.model_path,
         client_factory=ClientFactory(s.server_addresses, s.api_key, cfg.rollout.request_timeout_s,
@@ -241,7 +248,7 @@ def _build_rollout(s: System, resume_version: int) -> None:
         if store is not None:
             store.free([k for t in g.trajectories for k in t.all_pixel_keys()])
 
-    kwargs: dict[str, Any] = {"on_drop_group": free_group}
+    kwargs: dict[str, Any] = {"on_drop_group": free_group, "clock": s.version}
     if cfg.scheduler.type == "ray" and cfg.rollout.mode == "async":
         kwargs["cpus_per_worker"] = cfg.scheduler.cpus_per_role
         pin = cfg.scheduler.role_resources.get("rollout")
@@ -250,8 +257,6 @@ def _build_rollout(s: System, resume_version: int) -> None:
 
             kwargs["worker_resources"] = {pin: NODE_RESOURCE_SLIVER}
     s.rollout = make_rollout_controller(spec, cfg.rollout, cfg.scheduler.type, **kwargs)
-    if resume_version:
-        s.rollout.reseed(resume_version)
 
 
 def _build_test_rollout(s: System) -> None:

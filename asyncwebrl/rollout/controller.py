@@ -1,6 +1,6 @@
 """The rollout controller: owns the executors, the pending-results queue, and weight-update brackets.
 
-The trainer side sees only `prepare_batch`, `pause`/`resume`, `set_version`, `set_task_weights`,
+The trainer side sees only `prepare_batch`, `pause`/`resume`, `publish_version`, `set_task_weights`,
 `update_weights(fn)`, `stats` and `shutdown`; how rollouts are produced (everlasting executors here, the synchronous pool in
 sync_pool.py) stays behind that interface. The controller never imports training code: the weight
 transfer itself is the `fn` passed to `update_weights` (an xccl broadcast from the trainer, or a disk
@@ -16,6 +16,12 @@ Invariants:
 - a returned group's head version is >= version - eta (eta = 0: exactly the trainer's version);
 - `update_weights` is bracketed: no new episode or generation request starts between `pause()` and
   `resume()`, and the version moves only if the transfer succeeded.
+
+Versions: `clock` is the run's one `PolicyVersion` (given by `build_system`, else the controller's
+own); the controller reads it and never advances it (the refresh bracket does). `publish_version` is
+the ONE path that copies its value to the staleness manager and every executor (read-only copies,
+possibly in Ray processes); `start()` publishes the start value once (a resumed run's checkpoint
+version, with the staleness budget reseeded as if that many batches were consumed).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from asyncwebrl.rollout.hosts import (
 from asyncwebrl.rollout.staleness import StalenessManager
 from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,7 @@ class RolloutController:
         batch_timeout_s: float = 3600.0,
         poll_s: float = 0.5,
         owned_actors: list[Any] | None = None,
+        clock: PolicyVersion | None = None,
     ):
         if not hosts:
             raise ValueError("RolloutController needs at least one executor host")
@@ -82,7 +90,8 @@ class RolloutController:
         self.poll_s = poll_s
         self._owned_actors = owned_actors or []
         self._pending: queue.Queue[RolloutGroup] = queue.Queue()
-        self._version = 0
+        self.clock = clock if clock is not None else PolicyVersion()
+        """the version's owner: read here, advanced only by the refresh bracket"""
         self._stop = threading.Event()
         self._collectors: list[threading.Thread] = []
         self._dead_hosts: set[int] = set()
@@ -119,7 +128,7 @@ class RolloutController:
     @classmethod
     def ray(cls, spec: RolloutSpec, rollout_cfg: Any, cpus_per_worker: float = 0.2,
             worker_resources: dict[str, float] | None = None, **kwargs: Any) -> RolloutController:
-        """Executors in `rollout.workers` Ray actors sharing one StalenessActor (scheduler.type=ray);
+        """Executors in `rollout.workers` Ray actors sharing one staleness actor (scheduler.type=ray);
         `worker_resources`: custom node resources each worker needs (pins workers to nodes)."""
         hosts, staleness, actor = launch_ray_hosts(spec, rollout_cfg.workers, rollout_cfg.concurrency,
                                                    rollout_cfg.consumer_batch_size,
@@ -131,6 +140,9 @@ class RolloutController:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> RolloutController:
+        """Publish the start version (reseeding the staleness budget), then start the hosts."""
+        self.staleness.reseed(self.clock.value)
+        self._each_host("set_version", self.clock.value)
         self.started_at = time.monotonic()
         for h in self.hosts:
             h.start()
@@ -214,13 +226,14 @@ class RolloutController:
     # -- the trainer-facing API ---------------------------------------------------------------
     @property
     def version(self) -> int:
-        return self._version
+        """The owner's value (not a copy)."""
+        return self.clock.value
 
-    def prepare_batch(self, batch_size: int | None = None, version: int | None = None,
-                      timeout_s: float | None = None) -> list[RolloutGroup]:
-        """Block until `batch_size` groups fresh enough for `version` are ready; drop and count stale ones."""
+    def prepare_batch(self, batch_size: int | None = None, timeout_s: float | None = None) -> list[RolloutGroup]:
+        """Block until `batch_size` groups fresh enough for the current version are ready; drop and
+        count stale ones."""
         n = batch_size or self.batch_size
-        v = self._version if version is None else version
+        v = self.clock.value
         deadline = time.monotonic() + (self.batch_timeout_s if timeout_s is None else timeout_s)
         out: list[RolloutGroup] = []
         t0 = time.monotonic()
@@ -287,10 +300,12 @@ class RolloutController:
             self.paused_s += time.monotonic() - self._paused_since
             self._paused_since = None
 
-    def set_version(self, version: int) -> None:
-        self.staleness.set_version(version)
-        self._version = version
-        self._each_host("set_version", version)
+    def publish_version(self) -> None:
+        """Copy the owner's value to the staleness manager and every live executor (the refresh
+        bracket calls this after advancing the owner): the ONE path by which those copies move."""
+        v = self.clock.value
+        self.staleness.set_version(v)
+        self._each_host("set_version", v)
 
     def set_task_weights(self, weights: dict[str, float] | None) -> None:
         """Push task-sampling weights (from the trainer-side curriculum) to every live worker's task sampler.
@@ -306,24 +321,16 @@ class RolloutController:
                     self.task_weight_push_failures += 1
                 log.warning("rollout worker %d: task-weight push failed: %r", i, e)
 
-    def reseed(self, version: int) -> None:
-        """Resume from a checkpoint at `version` (call before start)."""
-        self.staleness.reseed(version)
-        for h in self.hosts:
-            h.set_version(version)
-        self._version = version
-
-    def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
+    def update_weights(self, fn: Callable[[], Any]) -> Any:
         """The refresh bracket (`asyncwebrl.weights.bracket`) on this gate alone: pause -> fn() ->
-        set_version -> resume; the version moves only if fn succeeded."""
+        advance the owner, publish -> resume; the version moves (by one) only if fn succeeded."""
         from asyncwebrl.weights.bracket import RefreshBracket
 
-        target = self._version + 1 if new_version is None else new_version
-        return RefreshBracket(self).refresh(target, fn)[1]
+        return RefreshBracket(self).refresh(fn)[1]
 
     # -- statistics ---------------------------------------------------------------------------
     def _brief(self) -> dict:
-        return {"version": self._version, "pending": self._pending.qsize(), "dropped_stale": self.dropped_stale,
+        return {"version": self.clock.value, "pending": self._pending.qsize(), "dropped_stale": self.dropped_stale,
                 "dead_workers": sorted(self._dead_hosts), "admission": self.staleness.snapshot()}
 
     def stats(self) -> RolloutStats:
@@ -345,7 +352,7 @@ class RolloutController:
         with self._lock:
             return RolloutStats(
                 mode="async",
-                version=self._version,
+                version=self.clock.value,
                 elapsed_s=elapsed,
                 consumed_groups=self.consumed_groups,
                 consumed_trajectories=self.consumed_trajectories,
@@ -370,7 +377,7 @@ def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type:
     if rollout_cfg.mode == "sync":
         from asyncwebrl.rollout.sync_pool import SyncRolloutPool
 
-        keep = ("on_drop_group", "on_pause", "on_resume", "batch_timeout_s")  # placement knobs do not apply
+        keep = ("on_drop_group", "on_pause", "on_resume", "batch_timeout_s", "clock")  # placement knobs do not apply
         return SyncRolloutPool(spec, rollout_cfg, **{k: v for k, v in kwargs.items() if k in keep})
     if scheduler_type == "ray":
         return RolloutController.ray(spec, rollout_cfg, **kwargs)

@@ -11,6 +11,11 @@ Invariant (exactly-once): every rollout admitted by `admission.try_submit()` end
   - `on_reject()` and one count in `failed` (the workflow raised or returned no usable group) or
     `cancelled` (shutdown interrupted it).
 A failing rollout is logged and counted; the slot goes on with the next task.
+
+The executor's weight version (a group's `submit_version`, and what `version()` gives the workflow)
+is a cached, read-only copy of the one owner (`weights.version.PolicyVersion`): the executor may run
+in a Ray worker process, so it takes the owner's value only through the rollout controller's
+`publish_version` (`set_version`, never backwards).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.stats import ExecutorStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.web.base import Task
+from asyncwebrl.weights.version import check_copy_moves_forward
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +169,9 @@ class WorkflowExecutor:
         self._wake()
 
     def set_version(self, version: int) -> None:
+        """Take the owner's value (the rollout controller's publish path only)."""
         with self._lock:
+            check_copy_moves_forward(self._version, version, f"executor {self.name}")
             self._version = version
         self._wake()
 

@@ -11,6 +11,11 @@ received it (the reply of `fetch`), and there is no extra server, port or auth t
 
 Admission is global: every executor asks the one StalenessManager (a Ray actor under Ray, the object
 itself locally), so C and the staleness budget hold across all workers, not per worker.
+
+Versions: a host's `set_version` gives its executor the owner's value (`weights.version`); it is
+called only by the rollout controller's `publish_version`. Under Ray the executor and the staleness
+manager live in other processes, so they hold cached, read-only copies; the controller side reaches
+them through `ActorProxy`, which forwards calls without a method of its own per call.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Protocol
 from asyncwebrl.rollout.executor import TaskSource, Workflow, WorkflowExecutor
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.staleness import StalenessManager
-from asyncwebrl.rollout.stats import AdmissionStats, ExecutorStats
+from asyncwebrl.rollout.stats import ExecutorStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -57,7 +62,8 @@ def split_slots(total: int, workers: int) -> list[int]:
 
 
 class LocalExecutorHost:
-    """The executor on a background thread of this process."""
+    """The executor on a background thread of this process (and, as `RolloutWorkerActor`, the body
+    of a Ray worker)."""
 
     def __init__(self, spec: RolloutSpec, index: int, slots: int, admission: Any):
         """`admission`: a StalenessManager (shared by all local hosts) or a worker-side adapter."""
@@ -77,6 +83,7 @@ class LocalExecutorHost:
         self.executor.resume()
 
     def set_version(self, version: int) -> None:
+        """The executor's cached copy of the owner's version (rollout controller's publish path)."""
         self.executor.set_version(version)
 
     def set_task_weights(self, weights: dict[str, float] | None) -> None:
@@ -95,63 +102,25 @@ class LocalExecutorHost:
 # -------------------------------------------------------------------------------------------------
 # Ray
 # -------------------------------------------------------------------------------------------------
-class StalenessActor:
-    """The run's one StalenessManager as a Ray actor (executors on every worker ask it)."""
+class ActorProxy:
+    """The controller side of a Ray actor: `proxy.name(*args)` is `ray.get(handle.name.remote(*args))`
+    bounded by `timeout_s`. One proxy instead of a forwarding method per call (the staleness actor,
+    which is the StalenessManager class itself, and the rollout workers)."""
 
-    def __init__(self, batch_size: int, concurrency: int, eta: int):
-        self.m = StalenessManager(batch_size, concurrency, eta)
-
-    def try_submit(self, owner: int = 0) -> bool:
-        return self.m.try_submit(owner)
-
-    def on_accept(self, owner: int = 0) -> None:
-        self.m.on_accept(owner)
-
-    def on_reject(self, owner: int = 0) -> None:
-        self.m.on_reject(owner)
-
-    def release_owner(self, owner: int, delivered: int) -> int:
-        return self.m.release_owner(owner, delivered)
-
-    def on_drop(self) -> None:
-        self.m.on_drop()
-
-    def set_version(self, v: int) -> None:
-        self.m.set_version(v)
-
-    def reseed(self, v: int) -> None:
-        self.m.reseed(v)
-
-    def snapshot(self) -> AdmissionStats:
-        return self.m.snapshot()
-
-
-class RemoteStaleness:
-    """Controller-side proxy of StalenessActor with the StalenessManager's sync methods."""
-
-    def __init__(self, handle: Any, timeout_s: float = 30.0):
+    def __init__(self, handle: Any, timeout_s: float):
         self.handle = handle
         self.timeout_s = timeout_s
 
-    def _get(self, ref: Any) -> Any:
+    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         import ray
 
-        return ray.get(ref, timeout=self.timeout_s)
+        return ray.get(ref, timeout=timeout_s or self.timeout_s)
 
-    def on_drop(self) -> None:
-        self._get(self.handle.on_drop.remote())
-
-    def set_version(self, v: int) -> None:
-        self._get(self.handle.set_version.remote(v))
-
-    def reseed(self, v: int) -> None:
-        self._get(self.handle.reseed.remote(v))
-
-    def release_owner(self, owner: int, delivered: int) -> int:
-        return self._get(self.handle.release_owner.remote(owner, delivered))
-
-    def snapshot(self) -> AdmissionStats:
-        return self._get(self.handle.snapshot.remote())
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_") or name in ("handle", "timeout_s"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        method = getattr(self.handle, name)
+        return lambda *args: self._get(method.remote(*args))
 
 
 class OwnedAdmission:
@@ -171,7 +140,7 @@ class OwnedAdmission:
 
 
 class ActorAdmission:
-    """Worker-side admission through the StalenessActor; returns ObjectRefs the executor awaits."""
+    """Worker-side admission through the staleness actor; returns ObjectRefs the executor awaits."""
 
     def __init__(self, handle: Any, owner: int):
         self.handle, self.owner = handle, owner
@@ -186,69 +155,23 @@ class ActorAdmission:
         return self.handle.on_reject.remote(self.owner)
 
 
-class RolloutWorkerActor:
-    """Ray actor body hosting one executor (threaded actor: fetch long-polls while control calls run)."""
+class RolloutWorkerActor(LocalExecutorHost):
+    """Ray actor body hosting one executor (threaded actor: fetch long-polls while control calls run);
+    its admission goes to the run's one staleness actor."""
 
     def __init__(self, spec: RolloutSpec, index: int, slots: int, staleness_handle: Any):
-        self.host = LocalExecutorHost(spec, index, slots, ActorAdmission(staleness_handle, index))
-
-    def start(self) -> None:
-        self.host.start()
-
-    def pause(self) -> None:
-        self.host.pause()
-
-    def resume(self) -> None:
-        self.host.resume()
-
-    def set_version(self, v: int) -> None:
-        self.host.set_version(v)
-
-    def set_task_weights(self, weights: dict[str, float] | None) -> None:
-        self.host.set_task_weights(weights)
-
-    def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
-        return self.host.fetch(max_n, timeout_s)
-
-    def stats(self) -> ExecutorStats:
-        return self.host.stats()
-
-    def shutdown(self) -> None:
-        self.host.shutdown()
+        super().__init__(spec, index, slots, ActorAdmission(staleness_handle, index))
 
 
-class RayExecutorHost:
-    """Controller-side handle of one RolloutWorkerActor, with timeouts on every call."""
+class RayExecutorHost(ActorProxy):
+    """Controller-side handle of one RolloutWorkerActor, with timeouts on every call (the ExecutorHost
+    calls go through `ActorProxy`; fetch long-polls, shutdown kills the actor)."""
 
     def __init__(self, handle: Any, call_timeout_s: float = 60.0):
-        self.handle = handle
-        self.call_timeout_s = call_timeout_s
-
-    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
-        import ray
-
-        return ray.get(ref, timeout=timeout_s or self.call_timeout_s)
-
-    def start(self) -> None:
-        self._get(self.handle.start.remote())
-
-    def pause(self) -> None:
-        self._get(self.handle.pause.remote())
-
-    def resume(self) -> None:
-        self._get(self.handle.resume.remote())
-
-    def set_version(self, version: int) -> None:
-        self._get(self.handle.set_version.remote(version))
-
-    def set_task_weights(self, weights: dict[str, float] | None) -> None:
-        self._get(self.handle.set_task_weights.remote(weights))
+        super().__init__(handle, call_timeout_s)
 
     def fetch(self, max_n: int, timeout_s: float) -> list[RolloutGroup]:
-        return self._get(self.handle.fetch.remote(max_n, timeout_s), timeout_s + self.call_timeout_s)
-
-    def stats(self) -> ExecutorStats:
-        return self._get(self.handle.stats.remote())
+        return self._get(self.handle.fetch.remote(max_n, timeout_s), timeout_s + self.timeout_s)
 
     def shutdown(self) -> None:
         import ray
@@ -262,13 +185,14 @@ class RayExecutorHost:
 def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_size: int, eta: int,
                      cpus_per_worker: float = 0.2,
                      resources: dict[str, float] | None = None,
-                     startup_timeout_s: float = 600.0) -> tuple[list[RayExecutorHost], RemoteStaleness, Any]:
-    """Start the StalenessActor and `workers` RolloutWorkerActors; returns (hosts, staleness, actor)."""
+                     startup_timeout_s: float = 600.0) -> tuple[list[RayExecutorHost], ActorProxy, Any]:
+    """Start the staleness actor (the StalenessManager class itself as a Ray actor) and `workers`
+    RolloutWorkerActors; returns (hosts, the staleness actor's proxy, the staleness actor)."""
     import ray
 
     if not ray.is_initialized():
         raise RuntimeError("scheduler.type=ray needs a running Ray (ray.init first)")
-    stale_actor = ray.remote(StalenessActor).options(num_cpus=0, max_concurrency=64).remote(batch_size, concurrency, eta)
+    stale_actor = ray.remote(StalenessManager).options(num_cpus=0, max_concurrency=64).remote(batch_size, concurrency, eta)
     worker_cls = ray.remote(RolloutWorkerActor)
     hosts = []
     for i, slots in enumerate(split_slots(concurrency, workers)):
@@ -278,4 +202,4 @@ def launch_ray_hosts(spec: RolloutSpec, workers: int, concurrency: int, batch_si
     # the workers exist (imports done, env factory built) before the first timed control call: on a
     # crowded or remote node that takes longer than a control call may
     ray.get([h.handle.stats.remote() for h in hosts], timeout=startup_timeout_s)
-    return hosts, RemoteStaleness(stale_actor), stale_actor
+    return hosts, ActorProxy(stale_actor, 30.0), stale_actor

@@ -12,6 +12,11 @@ one lock), so no interleaving of workers can exceed C running rollouts or the st
 Counters: `enqueued` (ever admitted), `running`, `accepted` (finished and kept), `rejected`
 (failed, or dropped stale at collection). A rollout dropped at collection is moved from accepted to
 rejected, so its slot in the staleness budget is handed back and the trainer cannot starve.
+
+The version v here is a cached, read-only copy of the one owner (`weights.version.PolicyVersion`):
+the manager may live in a Ray actor, so it cannot read the owner; it takes the owner's value only
+from the rollout controller's `publish_version` (`set_version`, never backwards) and, when the
+controller starts, `reseed` (the run's start version, a checkpoint's on resume).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import threading
 
 from asyncwebrl.rollout.stats import AdmissionStats
+from asyncwebrl.weights.version import check_copy_moves_forward
 
 
 class StalenessManager:
@@ -116,9 +122,9 @@ class StalenessManager:
         return self._version
 
     def set_version(self, version: int) -> None:
-        if version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+        """Take the owner's value (the rollout controller's publish path only)."""
         with self._lock:
+            check_copy_moves_forward(self._version, version, "the staleness manager")
             self._version = version
 
     def reseed(self, version: int) -> None:

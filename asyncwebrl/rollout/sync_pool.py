@@ -10,6 +10,9 @@ one benchmark can put the two side by side.
 Invariants: every group of a round is generated entirely at the version given to that round
 (on-policy by construction, eta plays no role); a group whose episodes all failed is counted and
 re-run within the same round, so a round returns exactly B groups or raises.
+
+Versions: the pool reads the run's one `PolicyVersion` (`clock`) and keeps no copy: the refresh
+bracket advances it between rounds, so a round sees one value throughout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.hosts import RolloutSpec
 from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
 from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +40,8 @@ class SyncRolloutPool:
     def __init__(self, spec: RolloutSpec, rollout_cfg: Any, *, warmup: bool | None = None,
                  on_drop_group: Callable[[RolloutGroup], None] | None = None,
                  on_pause: Callable[[], None] | None = None, on_resume: Callable[[], None] | None = None,
-                 batch_timeout_s: float | None = None, max_round_retries: int = 3):
+                 batch_timeout_s: float | None = None, max_round_retries: int = 3,
+                 clock: PolicyVersion | None = None):
         self.spec = spec
         self.batch_size = rollout_cfg.consumer_batch_size
         self.warmup = rollout_cfg.sync_warmup if warmup is None else warmup
@@ -49,7 +54,8 @@ class SyncRolloutPool:
         self._workflow: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._version = 0
+        self.clock = clock if clock is not None else PolicyVersion()
+        """the version's owner: read here, advanced only by the refresh bracket"""
         self.started_at = 0.0
         self.rounds = 0
         self.consumed_groups = 0
@@ -100,14 +106,14 @@ class SyncRolloutPool:
         t0 = time.monotonic()
         task = self.tasks.next()
         try:
-            g = await wf(task, lambda: self._version)
+            g = await wf(task, lambda: self.clock.value)
         except Exception as e:  # noqa: BLE001 - counted; the round re-runs it
             log.warning("sync round: rollout of %s failed: %r", task.group_key, e)
             return None, time.monotonic() - t0
         if not g.trajectories or all(t.failed for t in g.trajectories):
             self.failed_trajectories += len(g.trajectories)  # discarded, but its episodes still count
             return None, time.monotonic() - t0
-        g.submit_version = self._version
+        g.submit_version = self.clock.value
         return g, time.monotonic() - t0
 
     async def _round(self, n: int) -> list[RolloutGroup]:
@@ -140,11 +146,8 @@ class SyncRolloutPool:
                 self._workflow = wf
         return out
 
-    def prepare_batch(self, batch_size: int | None = None, version: int | None = None,
-                      timeout_s: float | None = None) -> list[RolloutGroup]:
+    def prepare_batch(self, batch_size: int | None = None, timeout_s: float | None = None) -> list[RolloutGroup]:
         n = batch_size or self.batch_size
-        if version is not None:
-            self._version = version
         if self._loop is None:
             raise RuntimeError("SyncRolloutPool.prepare_batch before start()")
         t0 = time.monotonic()
@@ -164,7 +167,8 @@ class SyncRolloutPool:
     # -- the rest of the controller interface -------------------------------------------------
     @property
     def version(self) -> int:
-        return self._version
+        """The owner's value (not a copy)."""
+        return self.clock.value
 
     def pause(self) -> None:
         self._paused_at = time.monotonic()
@@ -180,8 +184,8 @@ class SyncRolloutPool:
             self.paused_s += time.monotonic() - self._paused_at
             self._paused_at = None
 
-    def set_version(self, version: int) -> None:
-        self._version = version
+    def publish_version(self) -> None:
+        """Nothing to copy: the pool's rounds read the owner directly."""
 
     def set_task_weights(self, weights: dict[str, float] | None) -> None:
         setter = getattr(self.tasks, "set_weights", None)
@@ -189,15 +193,11 @@ class SyncRolloutPool:
             raise TypeError(f"task source {type(self.tasks).__name__} takes no sampling weights")
         setter(weights)
 
-    def reseed(self, version: int) -> None:
-        self._version = version
-
-    def update_weights(self, fn: Callable[[], Any], new_version: int | None = None) -> Any:
+    def update_weights(self, fn: Callable[[], Any]) -> Any:
         """The refresh bracket (`asyncwebrl.weights.bracket`) on this pool alone."""
         from asyncwebrl.weights.bracket import RefreshBracket
 
-        target = self._version + 1 if new_version is None else new_version
-        return RefreshBracket(self).refresh(target, fn)[1]
+        return RefreshBracket(self).refresh(fn)[1]
 
     def stats(self) -> RolloutStats:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
@@ -209,7 +209,7 @@ class SyncRolloutPool:
                              pending_results=0, busy_s=self.busy_slot_s, elapsed_s=elapsed, paused=self.gate.paused)
         return RolloutStats(
             mode="sync",
-            version=self._version,
+            version=self.clock.value,
             elapsed_s=elapsed,
             consumed_groups=self.consumed_groups,
             consumed_trajectories=self.consumed_trajectories,

@@ -45,8 +45,9 @@ class TrainerRank:
 
     def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
         """One update on the consumed groups; rank 0 then frees their screenshots in the store (the
-        controller copied the viewer's kept episodes out before this call, so it holds no reference)."""
-        return self.actor.train_step(groups, pixel_store=pixel_store, free_pixels=True)
+        controller copied the viewer's kept episodes out before this call, so it holds no reference).
+        `version`: the owner's value, checked against the weights this rank holds."""
+        return self.actor.train_step(groups, pixel_store=pixel_store, free_pixels=True, version=version)
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
         if self.rank != 0:
@@ -65,9 +66,10 @@ class TrainerRank:
                                         timeout_s=self.cfg.weight_update_timeout_s)
         self.broadcaster.init_group()
 
-    def broadcast_weights(self, version: int):
+    def broadcast_weights(self):
         """Send the weights to the servers, gathered one parameter at a time as the buckets fill (all
-        ranks take part in the gathers); rank 0's TransferReport, None on the other ranks."""
+        ranks take part in the gathers); rank 0's TransferReport, None on the other ranks. The version
+        is not sent here: the refresh bracket sets it on the servers once every bucket landed."""
         named = self.actor.iter_full_parameters()
         if self.rank != 0:
             for _ in named:  # the other ranks' side of each gather
@@ -111,15 +113,15 @@ class TrainerGroup:
 
         return ray.get([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
 
-    def train_step(self, groups, pixel_store=None) -> dict[str, Any]:
-        return self._all("train_step", groups, pixel_store)[0]
+    def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
+        return self._all("train_step", groups, pixel_store, version)[0]
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
         self._all("init_weight_group", server_addresses, api_key)
 
-    def broadcast_weights(self, version: int):
+    def broadcast_weights(self):
         """Rank 0's `TransferReport`."""
-        return self._all("broadcast_weights", version)[0]
+        return self._all("broadcast_weights")[0]
 
     def save_checkpoint(self, root: str, extra_state: dict[str, Any], keep_last: int | None = None,
                         background: bool = False) -> str | None:

@@ -11,7 +11,11 @@ Invariants:
   because FSDP averages gradients over ranks, so the update equals the single-process update on the
   whole batch;
 - logits are computed only at the positions that predict generated tokens (hidden states are sliced
-  before lm_head).
+  before lm_head);
+- `version` is the version of the weights this rank holds: a copy, across the trainer's process
+  boundary, of the one owner (`weights.version.PolicyVersion`) plus the update it has made and not yet
+  seen published. The loop passes the owner's value to every `train_step`, which raises
+  `VersionDrift` if the copy differs; a checkpoint stores the copy and resume restores it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from asyncwebrl.training.samples import (
     samples_from_groups,
     shard_for_rank,
 )
+from asyncwebrl.weights.version import VersionDrift
 
 WRAP = "policy."
 
@@ -147,7 +152,8 @@ class FSDPActor:
             behave_imp_weight_cap=cfg.behave_imp_weight_cap, behave_imp_weight_mode=cfg.behave_imp_weight_mode,
         )
         self.version = 0
-        """policy version: starts at 0, +1 per train_step (SPEC section 4)"""
+        """the version of the weights held: 0, a checkpoint's, +1 per train_step (checked against the
+        owner at each train_step the loop makes, see the module docstring)"""
         self.step = 0
         self.ckpt_writer = ckpt.CheckpointWriter()
 
@@ -231,11 +237,15 @@ class FSDPActor:
         return list(batch)  # type: ignore[arg-type]
 
     def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
-                   free_pixels: bool = False) -> dict[str, float]:
+                   free_pixels: bool = False, version: int | None = None) -> dict[str, float]:
         """One PPO training step on the global batch (every rank passes the same batch). Returns the
         metrics of the whole global batch on every rank; the version is incremented. With `free_pixels`
         rank 0 frees every PixelStore reference the batch holds once the update is done (the batch is
-        consumed; `TrainerRank` always asks for it)."""
+        consumed; `TrainerRank` always asks for it). `version`: the owner's value (the version the
+        servers serve); the weights held must be that version, else `VersionDrift` before any update."""
+        if version is not None and version != self.version:
+            raise VersionDrift(f"trainer rank {self.rank} holds weights of version {self.version}, but the "
+                               f"policy is at version {version}")
         t0 = time.perf_counter()
         cfg = self.cfg
         samples = self.prepare(batch)

@@ -7,9 +7,21 @@
 - `disk`:    the disk path (`load_folder`);
 - `control`: control calls to every server from synchronous code;
 - `bracket`: the ONE refresh bracket (pause gate + servers -> update session -> transfer ->
-  version -> continue), used by the trainer loop, the rollout controllers and `bench weightsync`.
+  version -> continue), used by the trainer loop, the rollout controllers and `bench weightsync`;
+- `version`: the ONE owner of the policy weight version (`PolicyVersion`), advanced by the bracket.
+
+Importing the package imports nothing heavy (the rollout side imports `version` without torch);
+`WeightSyncError` is loaded from `group` on first use.
 """
 
-from asyncwebrl.weights.group import WeightSyncError
+from typing import Any
 
 __all__ = ["WeightSyncError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WeightSyncError":
+        from asyncwebrl.weights.group import WeightSyncError
+
+        return WeightSyncError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,11 +15,17 @@ serialise. Used by the trainer loop (`controller/main.py`), the rollout controll
      version only now that every bucket landed) and /flush_cache (not in "in_place" mode: SGLang
      refuses to flush while held requests keep their KV, so the transfer announces flush_cache
      false), together: generation is paused, so they need no order among themselves;
-  6. POST /continue_generation, set the rollout side's version, resume the gate.
+  6. advance the version's owner (`weights.version.PolicyVersion`, +1: the bracket is its only
+     caller), publish it to the rollout side (the gate's `publish_version`, which copies it to the
+     staleness manager and the executors), POST /continue_generation, resume the gate.
 
-Invariants: the rollout side's version moves only if the transfer succeeded; the gate and the servers
-are resumed whatever happened (a failed refresh leaves the old weights serving, old version); every
-call is bounded by the channel's timeout.
+`refresh(transfer, advance=False)` (resume from a checkpoint) moves the checkpoint's weights to the
+servers and re-publishes the owner's value without advancing it.
+
+Invariants: the version moves only if the transfer succeeded, and only here; the servers report the
+owner's value (as SGLang's `weight_version` string) before the rollout side does; the gate and the
+servers are resumed whatever happened (a failed refresh leaves the old weights serving, old
+version); every call is bounded by the channel's timeout.
 """
 
 from __future__ import annotations
@@ -30,15 +36,21 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal, Protocol
 
 from asyncwebrl.weights.control import ControlChannel
+from asyncwebrl.weights.version import PolicyVersion, VersionDrift
 
 PauseMode = Literal["abort", "in_place", "retract"]
 PAUSE_MODES: tuple[str, ...] = ("abort", "in_place", "retract")
 
 
 class Gate(Protocol):
+    """The rollout side (RolloutController, SyncRolloutPool): it reads `clock`, the version's owner,
+    and copies its value to its own holders in `publish_version`."""
+
+    clock: PolicyVersion
+
     def pause(self) -> None: ...
     def resume(self) -> None: ...
-    def set_version(self, version: int) -> None: ...
+    def publish_version(self) -> None: ...
 
 
 @dataclass
@@ -65,21 +77,33 @@ class RefreshReport:
 
 
 class RefreshBracket:
-    """pause gate + servers -> update session -> transfer -> version -> continue."""
+    """pause gate + servers -> update session -> transfer -> version -> continue.
+
+    `clock`: the version's owner; by default the gate's (a bracket without a gate needs one)."""
 
     def __init__(self, gate: Gate | None = None, control: ControlChannel | None = None,
-                 pause_mode: PauseMode = "in_place"):
+                 pause_mode: PauseMode = "in_place", *, clock: PolicyVersion | None = None):
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r} is not one of {', '.join(PAUSE_MODES)}")
+        gate_clock = gate.clock if gate is not None else None
+        if clock is None:
+            clock = gate_clock
+        if clock is None:
+            raise ValueError("a refresh bracket needs the version's owner: a gate, or clock=PolicyVersion")
+        if gate_clock is not None and gate_clock is not clock:
+            raise ValueError("the rollout gate reads another PolicyVersion than the bracket advances")
         self.gate = gate
         self.control = control
         self.pause_mode = pause_mode
+        self.clock = clock
 
     def _finish(self, ctl: ControlChannel, version: int):
         return _finish_calls(ctl, version, flush=self.pause_mode != "in_place")
 
-    def refresh(self, version: int, transfer: Callable[[], Any]) -> tuple[RefreshReport, Any]:
-        """Run the bracket around `transfer()`; returns the report and what `transfer` returned."""
+    def refresh(self, transfer: Callable[[], Any], advance: bool = True) -> tuple[RefreshReport, Any]:
+        """Run the bracket around `transfer()`; returns the report and what `transfer` returned. The
+        version becomes `clock.next` (with `advance=False` it stays `clock.value`: resume)."""
+        version = self.clock.next if advance else self.clock.value
         rep = RefreshReport(version)
         t0 = time.perf_counter()
         ctl = self.control
@@ -99,8 +123,10 @@ class RefreshBracket:
             t3 = time.perf_counter()
             if ctl is not None:
                 ctl.run(self._finish(ctl, version))
+            if advance and self.clock.advance() != version:
+                raise VersionDrift(f"the version moved under a refresh to {version} (two brackets at once?)")
             if self.gate is not None:
-                self.gate.set_version(version)
+                self.gate.publish_version()
             t4 = time.perf_counter()
             rep.pause_s, rep.begin_s, rep.transfer_s, rep.finish_s = t1 - t0, t2 - t1, t3 - t2, t4 - t3
             for k in ("bytes", "n_buckets", "n_tensors"):

@@ -141,7 +141,8 @@ def test_stale_groups_are_dropped_counted_and_replaced():
         t0 = time.monotonic()
         while ctl.stats().pending_groups < 2 and time.monotonic() - t0 < 10:
             time.sleep(0.01)
-        ctl.set_version(3)  # a jump: everything made at version 0 is now 3 versions old (> eta = 1)
+        for _ in range(3):  # everything made at version 0 is now 3 versions old (> eta = 1)
+            ctl.update_weights(lambda: None)
         batch = ctl.prepare_batch(timeout_s=10)
         assert all(g.head_version >= 2 for g in batch)
         assert len(dropped) >= 2 and ctl.stats().dropped_stale == len(dropped)

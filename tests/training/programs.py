@@ -101,6 +101,7 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
     from asyncwebrl.scheduling.trainer_host import TrainerRank
     from asyncwebrl.weights.bracket import RefreshBracket
     from asyncwebrl.weights.control import ControlChannel
+    from asyncwebrl.weights.version import PolicyVersion
 
     torch.manual_seed(0)
     trainer = TrainerRank(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
@@ -111,11 +112,12 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
     if rank == 0:
         control = ControlChannel([server], api_key, 120)
         try:
-            _, report = RefreshBracket(None, control).refresh(version, lambda: trainer.broadcast_weights(version))
+            clock = PolicyVersion(version - 1)  # the owner: this refresh publishes `version`
+            _, report = RefreshBracket(None, control, clock=clock).refresh(trainer.broadcast_weights)
         finally:
             control.close()
     else:
-        trainer.broadcast_weights(version)
+        trainer.broadcast_weights()
     params = actor.full_named_parameters()
     trainer.close()
     return {"params": {n: t.clone() for n, t in params} if rank == 0 else None, "report": report}

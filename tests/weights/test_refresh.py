@@ -17,6 +17,7 @@ from asyncwebrl.weights.bracket import RefreshBracket
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightSyncError
 from asyncwebrl.weights.sender import WeightSender
+from asyncwebrl.weights.version import PolicyVersion
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 30
@@ -59,10 +60,12 @@ def perturbed(tiny: str, seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 class RecordingGate:
-    """The rollout side's three calls, recorded (the bracket's gate is a RolloutController in a run)."""
+    """The rollout side's three calls, recorded (the bracket's gate is a RolloutController in a run),
+    with the version's owner it reads."""
 
-    def __init__(self):
+    def __init__(self, start: int = 0):
         self.events: list[tuple] = []
+        self.clock = PolicyVersion(start)
 
     def pause(self):
         self.events.append(("pause",))
@@ -70,8 +73,8 @@ class RecordingGate:
     def resume(self):
         self.events.append(("resume",))
 
-    def set_version(self, v):
-        self.events.append(("set_version", v))
+    def publish_version(self):
+        self.events.append(("publish_version", self.clock.value))
 
 
 def info(control: ControlChannel, server: str) -> dict:
@@ -88,11 +91,11 @@ def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny
     version = 5 if announce_once else 6
     sender = WeightSender(servers, KEY, bucket_mb=1, timeout_s=TIMEOUT_S, announce_once=announce_once)
     control = ControlChannel(servers, KEY, TIMEOUT_S)
-    gate = RecordingGate()
+    gate = RecordingGate(start=version - 1)
     try:
         sender.init_group()
         marks = [len(info(control, s)["control_events"]) for s in servers]
-        report, transfer = RefreshBracket(gate, control, "in_place").refresh(version, lambda: sender.transfer(named))
+        report, transfer = RefreshBracket(gate, control, "in_place").refresh(lambda: sender.transfer(named))
         want = params_checksum(named)
         for s, mark in zip(servers, marks, strict=True):
             served = get(control, s, "/weights_checksum")
@@ -105,7 +108,8 @@ def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny
             assert events[-1] == "/continue_generation"
         assert transfer.n_buckets > 1 and transfer.n_tensors == len(named)
         assert report.n_buckets == transfer.n_buckets and report.bytes == transfer.bytes
-        assert gate.events == [("pause",), ("set_version", version), ("resume",)]
+        assert gate.events == [("pause",), ("publish_version", version), ("resume",)]
+        assert gate.clock.value == version and report.version == version
         assert report.metrics()["sync_transfer_s"] > 0 and report.total_s >= report.transfer_s
     finally:
         sender.close()
@@ -121,15 +125,15 @@ def test_bracket_tells_servers_in_order_and_lands_bit_exact_on_two(servers, tiny
 def test_refused_announcement_is_prompt_and_old_weights_keep_serving(servers, tiny):
     control = ControlChannel(servers, KEY, TIMEOUT_S)
     sender = WeightSender(servers[:1], KEY, bucket_mb=1, timeout_s=TIMEOUT_S)
-    gate = RecordingGate()
+    gate = RecordingGate(start=8)
     try:
         before = get(control, servers[0], "/weights_checksum")
         sender.init_group()
         t0 = time.monotonic()
         with pytest.raises(WeightSyncError, match="unknown parameter"):
-            RefreshBracket(gate, control).refresh(9, lambda: sender.transfer([("no.such.parameter", torch.ones(4))]))
+            RefreshBracket(gate, control).refresh(lambda: sender.transfer([("no.such.parameter", torch.ones(4))]))
         assert time.monotonic() - t0 < TIMEOUT_S
-        assert gate.events == [("pause",), ("resume",)]  # no version moved
+        assert gate.events == [("pause",), ("resume",)] and gate.clock.value == 8  # no version moved
         after = get(control, servers[0], "/weights_checksum")
         assert after == before
         assert info(control, servers[0])["control_events"][-1] == "/continue_generation"
