@@ -327,18 +327,18 @@ def main(overrides: list[str] | None = None) -> int:
     if not wanted or any(m not in MODES for m in wanted):
         raise SystemExit(f"bench e2e: modes must name sync and/or async (comma list), got {knobs['modes']!r}")
     mode_dir = Path(knobs["mode_dir"]) if knobs["mode_dir"] else None
+    # kept halves first, so a half from other knobs is refused before any long run; a wanted mode is re-run
     done: dict[str, ModeResult] = {}
-    for mode in MODES:
-        kept = load_half(mode_dir, mode, knobs) if mode_dir is not None else None
-        if mode in wanted:
+    if mode_dir is not None:
+        for mode in MODES:
+            kept = None if mode in wanted else load_half(mode_dir, mode, knobs)
             if kept is not None:
-                print(f"bench e2e: re-running {mode}; the kept half in {mode_dir} is replaced")
-            done[mode] = run_mode_isolated(mode, knobs)
-            if mode_dir is not None:
-                save_half(mode_dir, done[mode], knobs)
-        elif kept is not None:
-            done[mode] = kept
-        if len(done) == 1 and mode in done:  # a partial record first: a long run cut short leaves a half
+                done[mode] = kept
+    for mode in (m for m in MODES if m in wanted):
+        done[mode] = run_mode_isolated(mode, knobs)
+        if mode_dir is not None:
+            save_half(mode_dir, done[mode], knobs)
+        if len(done) == 1:  # a partial record first: a long run cut short leaves a half
             write_result(knobs["out"], knobs, {"partial": f"{mode} mode only; the other half did not run (yet)",
                                                "modes": {mode: done[mode].figures()}})
     if len(done) < len(MODES):
