@@ -8,7 +8,9 @@ exactly `max_new_tokens` sampled tokens (ignore_eos), so tokens/s are comparable
 Headline: speedup of concurrency 8 and 32 over one-at-a-time.
 
 Knobs: model=default|PATH|random:qwen2.5-vl-3b (random-init weights of that shape, for a GPU),
-device=cpu|cuda, dtype, max_new_tokens, requests (per level; at least the concurrency),
+device=cpu|cuda, dtype, max_new_tokens, requests (per level; at least waves x the concurrency),
+waves (default 4: every client of a level sends that many requests back to back, so prefills of new
+requests overlap the decoding of running ones as in a rollout, instead of one burst per level),
 name (result file stem: the GPU run writes name=inference_gpu).
 
 On a GPU the bench also reports the bandwidth bound of decoding: every decode step reads the text
@@ -101,6 +103,8 @@ DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 24,
     "concurrency": None,  # [1, 8, 32] on a CPU, [1, 8, 32, 64] on a GPU
     "requests": 32,
+    "waves": 4,  # each level runs at least waves x concurrency requests: the closed loop refills, so
+                 # the figure is the engine's running rate, not one burst of simultaneous prefills
     "temperature": 1.0,
     "startup_timeout_s": 900,
     "name": "inference",
@@ -242,7 +246,7 @@ def main(overrides: list[str]) -> int:
             try:
                 await run_level(client, 2, 2, prompts, images, sampling)  # warm-up
                 for c in levels:
-                    rows.append(await run_level(client, c, max(int(cfg["requests"]), c), prompts, images, sampling))
+                    rows.append(await run_level(client, c, max(int(cfg["requests"]), int(cfg["waves"]) * c), prompts, images, sampling))
             finally:
                 import aiohttp
 
@@ -271,7 +275,8 @@ def main(overrides: list[str]) -> int:
     figures["engine"] = info.get("engine", "?")
     figures["engine_stats"] = {k: stats.get(k) for k in ("graphs", "compiled", "capture_s", "prefill_batches",
                                                           "prefills", "steps", "prefill_s", "decode_s",
-                                                          "batched_vision_attention") if k in stats}
+                                                          "batched_vision_attention", "lean_prefill",
+                                                          "lean_prefill_min_cosine") if k in stats}
     if bound is not None:
         figures["decoder_weight_gb"] = round(bound.weight_bytes / 1e9, 3)
         figures["hbm_bandwidth_datasheet_tb_s"] = bound.datasheet_bytes_per_s / 1e12
