@@ -21,7 +21,10 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
 - Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py);
 - lean prefill: the model's own forward computes image features and M-RoPE positions, and the text
   decoder inside it is run by `StaticDecoder.prefill_text` (the compiled layer functions, KV written
-  into the slots); checked at start against transformers' prefill (off when they differ).
+  into the slots); checked at start against transformers' prefill, with transformers' own
+  batch-vs-alone noise as the yardstick (off when farther, see `_check_lean_prefill`);
+- Qwen2.5-VL vision tower: static layouts per image grid, replayed from CUDA graphs on a GPU
+  (models/vision_graph.py; installed only where it reproduces transformers' tower).
 
 Models the decoder does not support (see static_decode.supported) fall back to the plain engine.
 `make_engine` picks the engine: $ASYNCWEBRL_ENGINE = plain | graph | auto (graph on CUDA).
@@ -43,10 +46,20 @@ import torch
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
 from asyncwebrl.models.vision_attention import batch_vision_attention
+from asyncwebrl.models.vision_graph import VisionRunner, install
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
 from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
+
+LEAN_NOISE_FACTOR = 4.0
+"""the lean prefill may be this many times farther from transformers' prefill than transformers' padded
+batch is from its own single-row forward"""
+LEAN_ABS_TOL = 1e-5
+"""plus this (1 - cosine): float32 noise, where the reference's own noise can be exactly 0"""
+LEAN_KV0_TOL = 1e-3
+"""1 - cosine of the first layer's cached keys/values: bf16 rounding of one layer is ~1e-5, a wrong
+rotary position ~1e-1"""
 
 
 class GraphEngine(HFEngine):
@@ -62,6 +75,7 @@ class GraphEngine(HFEngine):
         self._prefill_last_s = 0.0
         self.lean_prefill = lean_prefill
         self.decoder: StaticDecoder | None = None
+        self.vision: VisionRunner | None = None
         reason = supported(self.model)
         if reason:
             log.warning("graph engine unavailable for %s (%s): plain engine", self.model_path, reason)
@@ -75,6 +89,9 @@ class GraphEngine(HFEngine):
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
                            "decode_s": 0.0, "batched_vision_attention": batch_vision_attention(self.model)})
+        self.vision = install(
+            self.model, use_graphs=on_gpu if use_graphs is None else use_graphs, max_images=self.max_batch_size)
+        self.stats["static_vision"] = int(self.vision is not None)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -133,42 +150,72 @@ class GraphEngine(HFEngine):
 
     @torch.inference_mode()
     def _check_lean_prefill(self) -> bool:
-        """Does the lean prefill give the transformers prefill's last hidden states here (this
-        transformers version, this model)? A padded batch with an image; off (with a warning) if not."""
+        """Does the lean prefill compute transformers' prefill here (this transformers version, this model,
+        this dtype)? Measured on a padded batch (an image row and a text row), as distances
+        1 - min cosine over all real positions:
+        - the first layer's keys and values written into the cache against transformers' cache: one
+          layer of rounding apart (< `LEAN_KV0_TOL`); positions, rotary or cache-layout faults show here
+          at once (final hidden states of a random-weight model hardly depend on positions);
+        - the last hidden states against transformers' forward of each row alone, with transformers' own
+          noise as the yardstick (its padded-batch forward against the same rows alone, what batching a
+          prefill changes anyway): at most `LEAN_NOISE_FACTOR` times that noise plus `LEAN_ABS_TOL`."""
         from PIL import Image
-        from transformers import DynamicCache
 
         ad = self.adapter
         img = Image.new("RGB", (56, 84), (40, 140, 220))
         msgs = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Click the blue box."}]}],
                 [{"role": "user", "content": [{"type": "text", "text": "A longer text-only prompt, padded less."}]}]]
         encs = [ad.encode(ad.chat_text(m), [img] if i == 0 else []) for i, m in enumerate(msgs)]
-        batch = ad.collate([e.input_ids for e in encs], [e.images for e in encs])
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        if "pixel_values" in batch:
-            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
         lens = [len(e.input_ids) for e in encs]
-        qwen = self.family in (QWEN2VL, QWEN3VL)
+        dec = self.decoder
+        assert dec is not None
+
+        def inputs(rows: list[int]) -> dict[str, torch.Tensor]:
+            batch = ad.collate([encs[i].input_ids for i in rows], [encs[i].images for i in rows])
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            if "pixel_values" in batch:
+                batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+            return batch
+
+        def dist(a: torch.Tensor, b: torch.Tensor) -> float:
+            return 1.0 - float(torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).min())
+
         try:
-            if qwen:
-                self.model.model.rope_deltas = None
-            ref = self.model.model(**batch, **{self._inner_cache_kw: DynamicCache()}, use_cache=True).last_hidden_state
-            if qwen:
-                self.model.model.rope_deltas = None
-            got = self._lean_forward(batch, [0, 1]).last_hidden_state
-            worst = 1.0
-            for i, n in enumerate(lens):
-                a, b = ref[i, :n].float(), got[i, :n].float()
-                worst = min(worst, float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()))
+            ref, cache = self._hf_forward(inputs([0, 1]))
+            alone = [self._hf_forward(inputs([i]))[0][0] for i in range(len(encs))]
+            self._reset_rope_deltas()
+            got = self._lean_forward(inputs([0, 1]), [0, 1]).last_hidden_state
+            kv0 = max(max(dist(dec.k[0, i, :, :n], cache.layers[0].keys[i, :, :n]),
+                          dist(dec.v[0, i, :, :n], cache.layers[0].values[i, :, :n])) for i, n in enumerate(lens))
         except Exception:
             log.warning("lean prefill failed its check; prefill runs transformers' forward", exc_info=True)
             return False
-        ok = worst > 0.999
-        if not ok:
-            log.warning("lean prefill differs from transformers' (min cosine %.5f); prefill runs transformers' forward",
-                        worst)
-        self.stats["lean_prefill_min_cosine"] = round(worst, 6)
+        noise = max(dist(ref[i, :n], alone[i][:n]) for i, n in enumerate(lens))
+        far = max(dist(got[i, :n], alone[i][:n]) for i, n in enumerate(lens))
+        tol = LEAN_NOISE_FACTOR * noise + LEAN_ABS_TOL
+        self.stats.update(lean_prefill_distance=round(far, 7), lean_prefill_reference_noise=round(noise, 7),
+                          lean_prefill_kv0_distance=round(kv0, 7), lean_prefill_min_cosine=round(1.0 - far, 6))
+        ok = far <= tol and kv0 <= LEAN_KV0_TOL
+        msg = (f"1 - cosine of the last hidden states {far:.2e} (transformers' own batch noise {noise:.2e}, "
+               f"tolerance {tol:.2e}); of the first layer's KV {kv0:.2e} (tolerance {LEAN_KV0_TOL:.0e})")
+        if ok:
+            log.info("lean prefill on: %s", msg)
+        else:
+            log.warning("lean prefill differs from transformers': %s; prefill runs transformers' forward", msg)
         return ok
+
+    def _reset_rope_deltas(self) -> None:
+        if self.family in (QWEN2VL, QWEN3VL):
+            self.model.model.rope_deltas = None
+
+    def _hf_forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """Last hidden states and KV cache of transformers' own prefill forward (a fresh DynamicCache)."""
+        from transformers import DynamicCache
+
+        self._reset_rope_deltas()
+        cache = DynamicCache()
+        out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
+        return out.last_hidden_state, cache
 
     def _placeholder_ids(self) -> list[int]:
         tok = self.adapter.tokenizer
@@ -248,6 +295,8 @@ class GraphEngine(HFEngine):
         self._prefill_end = time.perf_counter()
         self._prefill_last_s = self._prefill_end - t0
         self.stats["prefill_s"] += self._prefill_last_s
+        if self.vision is not None:
+            self.stats.update(self.vision.stats)
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self) -> None:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
-from asyncwebrl.inference.graph_engine import GraphEngine, make_engine
+from asyncwebrl.inference.graph_engine import LEAN_ABS_TOL, LEAN_KV0_TOL, LEAN_NOISE_FACTOR, GraphEngine, make_engine
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import encode_image_b64
 from asyncwebrl.protocol import GenerateRequest, parse_request
@@ -86,6 +86,28 @@ def test_greedy_tokens_equal_the_plain_engine_with_joins_and_leaves(engines):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
     assert graph.stats["prefill_batches"] < graph.stats["prefills"]  # prefills were batched
     assert graph.stats["lean_prefill"] == 1 and graph.stats["lean_prefill_min_cosine"] > 0.999
+
+
+def test_lean_prefill_check_refuses_a_path_that_ignores_mrope(engines, monkeypatch):
+    """The real lean path passes the start-up check (first-layer KV and last hidden states, the latter
+    against transformers' own batch-vs-alone noise); one that drops the M-RoPE positions of an image
+    prompt (plain 1-D positions) is refused, by its first-layer keys."""
+    _, graph = engines
+    st = dict(graph.stats)
+    assert st["lean_prefill_distance"] <= LEAN_NOISE_FACTOR * st["lean_prefill_reference_noise"] + LEAN_ABS_TOL
+    real = graph.decoder.prefill_text
+
+    def one_d_positions(slots, **kw):
+        kw["position_ids"] = None
+        return real(slots, **kw)
+
+    monkeypatch.setattr(graph.decoder, "prefill_text", one_d_positions)
+    try:
+        with graph.lock:
+            assert graph._check_lean_prefill() is False
+        assert graph.stats["lean_prefill_kv0_distance"] > 100 * LEAN_KV0_TOL > 1e3 * st["lean_prefill_kv0_distance"]
+    finally:
+        graph.stats.update({k: v for k, v in st.items() if k.startswith("lean_prefill")})
 
 
 def _teacher_forced(engine, prompt, output, image, temperature):
