@@ -36,6 +36,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +53,8 @@ from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 
+GIL_SWITCH_S = 0.0005
+"""sys.setswitchinterval of a GPU server process (see GraphEngine.start)"""
 LEAN_NOISE_FACTOR = 4.0
 """the lean prefill may be this many times farther from transformers' prefill than transformers' padded
 batch is from its own single-row forward"""
@@ -101,6 +104,10 @@ class GraphEngine(HFEngine):
                     self.lean_prefill = self._check_lean_prefill()
                 self.stats["lean_prefill"] = int(self.lean_prefill)
                 self._capture()
+            if self.device.type == "cuda":
+                # the engine thread drops the GIL at every CUDA wait; under the default 5 ms switch
+                # interval a request being prepared in an HTTP thread keeps it that long each time
+                sys.setswitchinterval(GIL_SWITCH_S)
         super().start()
 
     def stop(self) -> None:
@@ -134,6 +141,8 @@ class GraphEngine(HFEngine):
                 log.warning("parameters were rebound, not written in place: rebuilding fused weights and graphs")
                 dec.refuse()
                 dec.reset_graphs()
+                if self.vision is not None:
+                    self.vision.reset()
                 self._capture()
 
     def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int]) -> Any:
@@ -295,6 +304,8 @@ class GraphEngine(HFEngine):
         self._prefill_end = time.perf_counter()
         self._prefill_last_s = self._prefill_end - t0
         self.stats["prefill_s"] += self._prefill_last_s
+        self.stats["queue_s"] = self.stats.get("queue_s", 0.0) + sum(t0 - r.arrival for r in group)
+        _tally(self.stats, "prefill_ms_by_n", len(group), self._prefill_last_s)
         if self.vision is not None:
             self.stats.update(self.vision.stats)
 
@@ -311,8 +322,11 @@ class GraphEngine(HFEngine):
         b.positions = [p + 1 for p in b.positions]
         self.stats["steps"] += 1
         self._append_sampled(b.reqs, tok, lp, logits)
+        n = len(b.reqs)
         self._drop_finished()
-        self.stats["decode_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.stats["decode_s"] += dt
+        _tally(self.stats, "decode_ms_by_n", n, dt)
 
     def _needs_cpu(self, r: EngineRequest) -> bool:
         sp = r.sampling
@@ -360,6 +374,16 @@ class GraphEngine(HFEngine):
             self.decoder.move(m, h, b.positions[m])
             b.reqs[h], b.positions[h], b.rope_deltas[h] = b.reqs[m], b.positions[m], b.rope_deltas[m]
         del b.reqs[n:], b.positions[n:], b.rope_deltas[n:]
+
+
+def _tally(stats: dict[str, Any], key: str, n: int, seconds: float) -> None:
+    """stats[key][bucket] = [count, total ms] with bucket the power of two >= n (as a string: JSON keys).
+    New objects each time: a reader copying stats in another thread never sees one change under it."""
+    table = dict(stats.get(key, {}))
+    bucket = str(1 << max(n - 1, 0).bit_length())
+    count, ms = table.get(bucket, (0, 0.0))
+    table[bucket] = [count + 1, round(ms + seconds * 1e3, 1)]
+    stats[key] = table
 
 
 def make_engine(model_path: str, *, device: str = "cpu", **kw: Any) -> HFEngine:

@@ -30,11 +30,11 @@ def _features(out):
 def test_features_equal_transformers_tower(model, static):
     m, original = model
     runner = install(m, use_graphs=static, max_images=8)
-    assert runner is not None and runner.stats["vision_check_rel_diff"] < 1e-5
+    assert runner is not None and runner.stats["vision_check_rel_diff"] < 1e-5 and runner.linear_patch
     try:
         gen = torch.Generator().manual_seed(1)
         cases = [[(1, 16, 12)], [(1, 16, 12)] * 3, [(1, 16, 12)] * 5, [(1, 8, 10), (1, 14, 6)], [(2, 8, 8)],
-                 [(1, 16, 12)]]
+                 [(2, 8, 8)] * 2, [(1, 16, 12)]]
         for grids in cases:
             n = sum(t * h * w for t, h, w in grids)
             pixels = torch.randn((n, 3 * 2 * 14 * 14), generator=gen)
@@ -44,8 +44,9 @@ def test_features_equal_transformers_tower(model, static):
                 got = _features(m.model.visual(pixels, grid_thw=thw))
             assert got.shape == want.shape
             assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), grids
-        if static:  # one-grid calls ran from the padded buckets (3 and 5 images: buckets 4 and 8); mixed eagerly
-            assert runner.stats["vision_graph_calls"] == 5 and runner.stats["vision_eager_calls"] == 1
+        if static:  # a grid's first call runs eagerly, later one-grid calls from the padded buckets (3 and 5
+            # images: buckets 4 and 8); mixed grids eagerly
+            assert runner.stats["vision_graph_calls"] == 4 and runner.stats["vision_eager_calls"] == 3
             assert runner.stats["vision_graphs"] == 2 * len(runner.buckets)  # two grids
         else:
             assert runner.stats["vision_eager_calls"] == len(cases)
