@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, VLMAdapter, decode_image, load_model
+from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, TEXT, VLMAdapter, decode_image, load_model
 from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ class HFEngine:
         seed: int = 0,
         weight_version: str = "0",
         cpu_threads: int | None = None,
+        image_workers: int = 0,
     ):
         if cpu_threads:
             # process-wide: torch's intra-op pool. On a CPU shared with other processes, more threads
@@ -153,9 +154,16 @@ class HFEngine:
                       "malloc_trims": 0}
         self._malloc_trim = _libc_malloc_trim() if self.device.type == "cpu" else None
         self._last_trim = time.monotonic()
+        self.image_pool = None
+        if image_workers and self.family != TEXT:
+            from asyncwebrl.inference.image_pool import ImagePool
+
+            self.image_pool = ImagePool(self.model_path, image_workers)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
+        if self.image_pool is not None:
+            self.image_pool.warm()
         self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -166,6 +174,8 @@ class HFEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.abort(abort_all=True, message="server shutting down")
+        if self.image_pool is not None:
+            self.image_pool.close()
 
     # ---- requests ----------------------------------------------------------------------------------
     def prepare(self, req: GenerateRequest, on_done: Callable[[EngineResult], None],
@@ -186,7 +196,8 @@ class HFEngine:
         if req.text is not None and len(req.text) > max_chars:
             raise ProtocolError(f"prompt text of {len(req.text)} characters exceeds the limit of {max_chars} "
                                 f"(context length {self.context_len} tokens)")
-        images = []
+        images, blobs = [], []
+        in_pool = self.image_pool is not None and req.text is None  # decoded and processed in a worker
         for i, im in enumerate(raw_images):
             try:
                 data = image_bytes(im)
@@ -194,7 +205,10 @@ class HFEngine:
                 if w * h > lim.max_image_pixels:
                     raise ProtocolError(f"image_data[{i}]: {w}x{h} pixels exceeds the limit of "
                                         f"{lim.max_image_pixels} pixels")
-                images.append(decode_image(data))
+                if in_pool:
+                    blobs.append(data)
+                else:
+                    images.append(decode_image(data))
             except ValueError as e:
                 if isinstance(e, ProtocolError):
                     raise
@@ -208,7 +222,10 @@ class HFEngine:
                 bad = [t for t in ids if t >= self.vocab_size]
                 if bad:
                     raise ProtocolError(f"input_ids hold token id {bad[0]} >= vocab size {self.vocab_size}")
-                img = self.adapter.encode_with_images_for_ids(ids, images)
+                if in_pool and blobs:
+                    img = self.image_pool.images_for_ids(ids, blobs)
+                else:
+                    img = self.adapter.encode_with_images_for_ids(ids, images)
         except ProtocolError:
             raise
         except ValueError as e:

@@ -32,11 +32,11 @@ Models the decoder does not support (see static_decode.supported) fall back to t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,8 +53,6 @@ from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 
-GIL_SWITCH_S = 0.0005
-"""sys.setswitchinterval of a GPU server process (see GraphEngine.start)"""
 LEAN_NOISE_FACTOR = 4.0
 """the lean prefill may be this many times farther from transformers' prefill than transformers' padded
 batch is from its own single-row forward"""
@@ -69,8 +67,11 @@ class GraphEngine(HFEngine):
     """HFEngine with a static-cache, graph-captured decode path (see module docstring)."""
 
     def __init__(self, model_path: str, *, use_graphs: bool | None = None, compile_layers: bool | None = None,
-                 prefill_tokens: int = 32768, prefill_duty: float = 1.0, lean_prefill: bool = True, **kw: Any):
-        super().__init__(model_path, **kw)
+                 prefill_tokens: int = 32768, prefill_duty: float = 1.0, lean_prefill: bool = True,
+                 image_workers: int | None = None, **kw: Any):
+        if image_workers is None:  # a GPU host has cores to spare; a CPU server shares them with browsers
+            image_workers = min(8, (os.cpu_count() or 2) // 2) if str(kw.get("device", "cpu")).startswith("cuda") else 0
+        super().__init__(model_path, image_workers=image_workers, **kw)
         on_gpu = self.device.type == "cuda"
         self.prefill_tokens = prefill_tokens
         self.prefill_duty = prefill_duty
@@ -101,13 +102,10 @@ class GraphEngine(HFEngine):
         if self.decoder is not None:
             with self.lock:
                 if self.lean_prefill:
-                    self.lean_prefill = self._check_lean_prefill()
+                    with self.vision.eager() if self.vision is not None else contextlib.nullcontext():
+                        self.lean_prefill = self._check_lean_prefill()
                 self.stats["lean_prefill"] = int(self.lean_prefill)
                 self._capture()
-            if self.device.type == "cuda":
-                # the engine thread drops the GIL at every CUDA wait; under the default 5 ms switch
-                # interval a request being prepared in an HTTP thread keeps it that long each time
-                sys.setswitchinterval(GIL_SWITCH_S)
         super().start()
 
     def stop(self) -> None:

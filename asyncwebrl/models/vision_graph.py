@@ -15,9 +15,9 @@ it is static:
 - graphs: when every image of a call has one grid g (the usual case), the call runs as the graph
   of (g, bucket) where bucket is the smallest of 1, 2, 4, ... that holds the images: pixels copied
   into the graph's static input (rows past the images keep stale pixels of whole images, which attend
-  only within themselves and are cut from the output), replayed, outputs cloned. The second call with
-  a grid captures all its buckets (a one-time stall; one-off grids never do); at most `max_grids`
-  grids get graphs, others and mixed-grid calls run eagerly over their cached layout. Graphs read
+  only within themselves and are cut from the output), replayed, outputs cloned. The first call with
+  a grid captures all its buckets (a one-time stall of ~2 s for a 3B-sized tower; `eager()` keeps
+  one-off calls such as start-up checks from doing so); at most `max_grids` grids get graphs, others and mixed-grid calls run eagerly over their cached layout. Graphs read
   the parameters in place: `reset()` after any parameter was rebound.
 Invariants: `install` replaces `visual.forward` only after the eager runner gave the same features
 as transformers' own forward on two test layouts (else it leaves the model alone); the first graph
@@ -31,6 +31,8 @@ import logging
 import time
 import types
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +133,6 @@ class VisionRunner:
         self._layouts: OrderedDict[tuple[Grid, ...], Layout] = OrderedDict()
         self._graphs: dict[tuple[Grid, int], _Graph] = {}
         self._graph_grids: set[Grid] = set()
-        self._seen: dict[Grid, int] = {}
         self.linear_patch = False
         self._pool = None
         self._checked = False
@@ -184,11 +185,19 @@ class VisionRunner:
         proj = self.visual.patch_embed.proj
         return F.linear(pixels, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias)
 
+    @contextmanager
+    def eager(self) -> Iterator[None]:
+        """No graph replay or capture inside (one-off calls: start-up checks)."""
+        was, self.use_graphs = self.use_graphs, False
+        try:
+            yield
+        finally:
+            self.use_graphs = was
+
     def reset(self) -> None:
         """Drop the graphs (parameters were rebound); they are captured again on later calls."""
         self._graphs.clear()
         self._graph_grids.clear()
-        self._seen.clear()
         self._pool = None
 
     def _wrap(self, hidden: torch.Tensor, merged: torch.Tensor) -> Any:
@@ -215,9 +224,6 @@ class VisionRunner:
         if g is not None:
             return g
         if grid in self._graph_grids or len(self._graph_grids) >= self.max_grids:
-            return None
-        self._seen[grid] = self._seen.get(grid, 0) + 1
-        if self._seen[grid] < 2:
             return None
         self._graph_grids.add(grid)
         try:
