@@ -149,6 +149,8 @@ class HFEngine:
         # callers waiting for the model lock (abort, weight access); the loop stands aside for them,
         # because a plain lock lets the loop re-take it step after step and starve them
         self._lock_waiters = 0
+        self.preparing = 0
+        """requests inside prepare() now (HTTP threads)"""
         self._thread: threading.Thread | None = None
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "finished": 0, "aborted": 0, "errors": 0,
                       "malloc_trims": 0}
@@ -180,6 +182,18 @@ class HFEngine:
     # ---- requests ----------------------------------------------------------------------------------
     def prepare(self, req: GenerateRequest, on_done: Callable[[EngineResult], None],
                 on_token: Callable[[EngineRequest], None] | None = None) -> EngineRequest:
+        """`_prepare`, counted in `preparing` while it runs (a scheduler may wait for a burst to land)."""
+        with self._cond:
+            self.preparing += 1
+        try:
+            return self._prepare(req, on_done, on_token)
+        finally:
+            with self._cond:
+                self.preparing -= 1
+                self._cond.notify_all()
+
+    def _prepare(self, req: GenerateRequest, on_done: Callable[[EngineResult], None],
+                 on_token: Callable[[EngineRequest], None] | None = None) -> EngineRequest:
         """Check limits, decode images, tokenize (one prompt: see GenerateRequest.split); ProtocolError on
         anything the model cannot take. Each limit is checked before the work it bounds."""
         if req.is_batch:

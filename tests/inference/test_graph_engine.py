@@ -5,6 +5,7 @@ temperature, abort of a running slot, and weights written in place are what the 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -108,6 +109,38 @@ def test_lean_prefill_check_refuses_a_path_that_ignores_mrope(engines, monkeypat
         assert graph.stats["lean_prefill_kv0_distance"] > 100 * LEAN_KV0_TOL > 1e3 * st["lean_prefill_kv0_distance"]
     finally:
         graph.stats.update({k: v for k, v in st.items() if k.startswith("lean_prefill")})
+
+
+def test_a_burst_still_being_prepared_is_prefilled_together(engines, monkeypatch):
+    """With nothing running, a prefill waits (up to GATHER_S) while other requests are inside prepare():
+    a closed loop's wave becomes one prefill, not a small one and then the rest."""
+    import asyncwebrl.inference.graph_engine as ge
+
+    _, graph = engines
+    monkeypatch.setattr(ge, "GATHER_S", 5.0)  # generous: a loaded CPU box must not split the burst
+    prompts, _ = _prompts(graph)
+    before = graph.stats["prefill_batches"]
+    results: list[EngineResult] = []
+    done = threading.Event()
+
+    def cb(res):
+        results.append(res)
+        if len(results) == 2:
+            done.set()
+
+    with graph._cond:
+        graph.preparing += 1  # the second request is still being prepared
+    try:
+        graph.submit(graph.prepare(_req(prompts[0][0], 3, temperature=0), cb))
+        time.sleep(0.3)
+        assert graph.stats["prefill_batches"] == before  # waiting for the rest of the burst
+        graph.submit(graph.prepare(_req(prompts[3][0], 3, temperature=0), cb))
+    finally:
+        with graph._cond:
+            graph.preparing -= 1
+            graph._cond.notify_all()
+    assert done.wait(120)
+    assert graph.stats["prefill_batches"] == before + 1
 
 
 def _teacher_forced(engine, prompt, output, image, temperature):
