@@ -30,7 +30,7 @@ from typing import Any
 
 from asyncwebrl.config import RunConfig, save_resolved
 from asyncwebrl.controller.records import EvalPoint, RunSummary, StepRecord, as_figures
-from asyncwebrl.controller.rundir import RunDir
+from asyncwebrl.controller.rundir import RunDir, set_aside_previous
 from asyncwebrl.controller.supervisor import Supervisor
 
 log = logging.getLogger("asyncwebrl")
@@ -344,6 +344,11 @@ def run_training(cfg: RunConfig, record: str | None = None) -> RunSummary:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from asyncwebrl.configtree import to_dict
 
+    if cfg.recover == "off":
+        prev = set_aside_previous(cfg.run_dir)
+        if prev is not None:
+            log.warning("recover=off: the earlier run in %s was moved to %s (one earlier run is kept; "
+                        "recover=auto resumes instead)", cfg.run_dir, prev)
     run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=cfg.stats.tensorboard, seed=cfg.seed,
                  wandb_project=cfg.stats.wandb_project, config=to_dict(cfg))
     save_resolved(cfg, run.root)

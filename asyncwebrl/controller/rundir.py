@@ -27,10 +27,28 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+
+def set_aside_previous(root: Path) -> Path | None:
+    """A fresh run (recover=off) into a directory that holds an earlier run: move that run to
+    `<root>.prev` (replacing an older `.prev`) and return where it went; None when there was nothing.
+
+    Without this the new run appended to the old metrics.jsonl and found the old checkpoints: its
+    test-rollout thread evaluated the previous run's last checkpoint as this run's first evaluation,
+    and the summary mixed both runs' evaluations (measured: a second `make train`)."""
+    root = Path(root)
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    prev = root.with_name(root.name + ".prev")
+    if prev.exists():
+        shutil.rmtree(prev)
+    root.rename(prev)
+    return prev
 
 
 class RunDir:
