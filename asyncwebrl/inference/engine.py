@@ -13,6 +13,9 @@ Invariants:
   step that produced it;
 - all model access (forward, weight writes) happens under `self.lock`; `pause()` returns only after
   the step in progress has finished, so a weight update never races a forward pass;
+- `prepare` runs in the caller's thread (the server's HTTP threads); with `image_workers` the images of
+  an input_ids request are decoded and processed in worker processes (inference/image_pool.py, same
+  values and refusals), off the GIL;
 - a paused engine keeps its queued and running requests; they continue after `resume()` (on the new
   weights, with their old KV cache), unless aborted, in which case they end with finish_reason abort.
 """

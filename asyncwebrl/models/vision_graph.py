@@ -16,7 +16,7 @@ it is static:
   of (g, bucket) where bucket is the smallest of 1, 2, 4, ... that holds the images: pixels copied
   into the graph's static input (rows past the images keep stale pixels of whole images, which attend
   only within themselves and are cut from the output), replayed, outputs cloned. The first call with
-  a grid captures all its buckets (a one-time stall of ~2 s for a 3B-sized tower; `eager()` keeps
+  a grid captures all its buckets up to `max_graph_patches` patches (a one-time stall of ~2 s for a 3B-sized tower; `eager()` keeps
   one-off calls such as start-up checks from doing so); at most `max_grids` grids get graphs, others and mixed-grid calls run eagerly over their cached layout. Graphs read
   the parameters in place: `reset()` after any parameter was rebound.
 Invariants: `install` replaces `visual.forward` only after the eager runner gave the same features
@@ -113,7 +113,7 @@ class VisionRunner:
     """A Qwen2.5-VL vision tower run over cached layouts, from CUDA graphs where it can (module docstring)."""
 
     def __init__(self, visual: torch.nn.Module, *, use_graphs: bool, max_images: int = 64,
-                 max_layouts: int = 64, max_grids: int = 4):
+                 max_layouts: int = 64, max_grids: int = 4, max_graph_patches: int = 16384):
         cfg = visual.config
         self.visual = visual
         self.merge = int(cfg.spatial_merge_size)
@@ -130,6 +130,9 @@ class VisionRunner:
             b *= 2
         self.buckets.append(max_images)
         self.max_layouts, self.max_grids = max_layouts, max_grids
+        self.max_graph_patches = max_graph_patches
+        """largest bucket x patches per image that gets a graph (its activations stay allocated): 64
+        MiniWoB screenshots (192 patches each) fit, 64 full-page ones (~4,800) would hold many GB"""
         self._layouts: OrderedDict[tuple[Grid, ...], Layout] = OrderedDict()
         self._graphs: dict[tuple[Grid, int], _Graph] = {}
         self._graph_grids: set[Grid] = set()
@@ -210,7 +213,9 @@ class VisionRunner:
         if grid_thw is None:
             raise ValueError("the vision tower needs grid_thw")
         grids = tuple(tuple(int(x) for x in g) for g in grid_thw.tolist())
-        if self.use_graphs and len(set(grids)) == 1 and len(grids) <= self.buckets[-1]:
+        per = grids[0][0] * grids[0][1] * grids[0][2] if grids else 0
+        if (self.use_graphs and len(set(grids)) == 1 and len(grids) <= self.buckets[-1]
+                and next(b for b in self.buckets if b >= len(grids)) * per <= self.max_graph_patches):
             g = self._graph_for(grids[0], len(grids))
             if g is not None:
                 return self._replay(g, pixel_values, grids)
@@ -228,7 +233,8 @@ class VisionRunner:
         self._graph_grids.add(grid)
         try:
             for b in self.buckets:
-                self._capture(grid, b)
+                if b * grid[0] * grid[1] * grid[2] <= self.max_graph_patches:
+                    self._capture(grid, b)
         except Exception:
             log.warning("vision graph capture failed; the vision tower runs eagerly", exc_info=True)
             self.use_graphs = False

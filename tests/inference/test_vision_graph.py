@@ -54,6 +54,24 @@ def test_features_equal_transformers_tower(model, static):
         m.model.visual.forward = original
 
 
+def test_batches_past_the_graph_patch_budget_run_eagerly(model):
+    m, original = model
+    runner = install(m, use_graphs=True, max_images=8)
+    runner.max_graph_patches = 4 * 16 * 12  # buckets 1, 2, 4 of this grid; 8 would hold too much
+    try:
+        for n in (3, 6):
+            pixels = torch.randn((n * 16 * 12, 3 * 2 * 14 * 14), generator=torch.Generator().manual_seed(n))
+            thw = torch.tensor([(1, 16, 12)] * n)
+            with torch.no_grad():
+                want = _features(original(pixels, grid_thw=thw))
+                got = _features(m.model.visual(pixels, grid_thw=thw))
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+        assert runner.stats["vision_graphs"] == 3  # buckets 1, 2, 4
+        assert runner.stats["vision_graph_calls"] == 1 and runner.stats["vision_eager_calls"] == 1
+    finally:
+        m.model.visual.forward = original
+
+
 def test_not_installed_where_it_does_not_apply():
     m = load_model(resolve_model_path("tiny-qwen2.5-vl")).eval()
     assert install(m.model.language_model, use_graphs=False, max_images=4) is None
