@@ -47,7 +47,7 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
                        ("bound_steps_per_s", "decode bound, steps/s (weights / 4.8 TB/s)"),
                        ("share_of_bound_c1", "share of the bound at c=1"),
                        ("share_of_bound_c64", "share of the bound at c=64"), ("engine", "engine")],
-     "asyncwebrl bench inference device=cuda dtype=bfloat16 model=random:qwen2.5-vl-3b requests=64 max_new_tokens=32 name=inference_gpu"),
+     "asyncwebrl bench inference device=cuda dtype=bfloat16 model=random:qwen2.5-vl-3b max_new_tokens=32 name=inference_gpu (one H200)"),
     ("env", [("overhead", "overhead vs raw Playwright (1 - ours/raw)"), ("pss_mb_per_session", "PSS MB per session")],
      "asyncwebrl bench env"),
     ("pixels", [("object_store_bytes_per_step", "object-store bytes/step (store)"),
