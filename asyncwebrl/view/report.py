@@ -12,6 +12,7 @@ import functools
 import html
 import json
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -249,7 +250,15 @@ def make_server(folder: Path, port: int) -> ThreadingHTTPServer:
     if not 0 <= port <= 65535:
         raise ValueError(f"port {port} is out of range 0-65535")
     handler = functools.partial(_QuietHandler, directory=str(folder))
-    return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    return _ReportServer(("127.0.0.1", port), handler)
+
+
+class _ReportServer(ThreadingHTTPServer):
+    """Ctrl-C stops it at once: request threads are daemons and closing does not wait for them (a
+    browser's lingering connection held the stop past 60 s in a test run)."""
+
+    daemon_threads = True
+    block_on_close = False
 
 
 def view_main(args: Any) -> int:
@@ -271,6 +280,7 @@ def view_main(args: Any) -> int:
         print(f"view: cannot serve on 127.0.0.1:{args.port}: {e}", file=sys.stderr)
         return 1
     print(f"serving http://127.0.0.1:{server.server_address[1]}/index.html  (Ctrl-C to stop)", flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever an imported library installed
     try:
         server.serve_forever()
     except KeyboardInterrupt:
