@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import shutil
 import threading
 import time
 from pathlib import Path

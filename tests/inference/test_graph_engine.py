@@ -12,7 +12,13 @@ import torch
 from PIL import Image
 
 from asyncwebrl.inference.engine import EngineResult, HFEngine
-from asyncwebrl.inference.graph_engine import LEAN_ABS_TOL, LEAN_KV0_TOL, LEAN_NOISE_FACTOR, GraphEngine, make_engine
+from asyncwebrl.inference.graph_engine import (
+    LEAN_ABS_TOL,
+    LEAN_KV0_TOL,
+    LEAN_NOISE_FACTOR,
+    GraphEngine,
+    make_engine,
+)
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import encode_image_b64
 from asyncwebrl.protocol import GenerateRequest, parse_request
