@@ -23,6 +23,7 @@ BENCHMARKS = {
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
     "clip": ("asyncwebrl.bench.clip", "clip rate of decoupled vs coupled PPO at eta = 1, 2, 4 (same batches)"),
     "curriculum": ("asyncwebrl.bench.curriculum", "uniform vs adaptive task sampling, greedy eval success"),
+    "warmstart": ("asyncwebrl.bench.warmstart", "greedy eval success of the base model vs after the BC warm start"),
     "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
     "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
     "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),

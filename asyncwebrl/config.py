@@ -21,7 +21,7 @@ from asyncwebrl.inference.config import InferenceConfig
 from asyncwebrl.pixelstore.config import PixelStoreConfig
 from asyncwebrl.rollout.config import GenerationConfig, RolloutConfig
 from asyncwebrl.scheduling.config import ClusterConfig, SchedulerConfig
-from asyncwebrl.training.config import ActorConfig, CheckpointConfig
+from asyncwebrl.training.config import ActorConfig, CheckpointConfig, WarmStartConfig
 from asyncwebrl.web.config import EnvConfig
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
@@ -60,6 +60,7 @@ class RunConfig:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     test_rollout: TestRolloutConfig = field(default_factory=TestRolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     pixelstore: PixelStoreConfig = field(default_factory=PixelStoreConfig)
@@ -89,6 +90,7 @@ class RunConfig:
         if alloc.rollout.backend == "sglang" and self.cluster.n_gpus_per_node == 0:
             raise ConfigError("backend 'sglang' needs GPUs (cluster.n_gpus_per_node > 0); use 'hf' on CPU")
         self._check_heldout()
+        self._check_warm_start()
         if self.cluster.n_gpus_per_node:
             total = self.cluster.n_nodes * self.cluster.n_gpus_per_node
             need = alloc.total_devices + (self.test_rollout.n_gpus if self.test_rollout.enabled else 0)
@@ -128,6 +130,34 @@ class RunConfig:
         if both:
             raise ConfigError(f"test_rollout.heldout_tasks must not overlap env.tasks (the trainer samples them): "
                               f"{', '.join(both)}")
+
+    def _check_warm_start(self) -> None:
+        """The warm start's tasks: real, with an oracle (source=oracle), and never a held-out task."""
+        ws = self.warm_start
+        if not ws.enabled:
+            return
+        if self.env.type != "miniwob":
+            raise ConfigError(f"warm_start demonstrates MiniWoB tasks (oracles, or recorded MiniWoB episodes); "
+                              f"env.type={self.env.type} has none: set warm_start.enabled=false")
+        from asyncwebrl.web.oracles import ORACLES
+        from asyncwebrl.web.tasks import resolve_task_names
+
+        try:
+            tasks = resolve_task_names(ws.tasks or self.env.tasks)
+        except ValueError as e:
+            raise ConfigError(f"warm_start.tasks: {e}") from e
+        if ws.source == "oracle":
+            missing = [t for t in tasks if t not in ORACLES]
+            if missing:
+                raise ConfigError(f"warm_start.source=oracle but these tasks have no scripted oracle: "
+                                  f"{', '.join(missing)} (oracles exist for {', '.join(ORACLES)}); set "
+                                  "warm_start.tasks to a subset of them")
+        if self.test_rollout.heldout_tasks.strip():
+            held = set(resolve_task_names(self.test_rollout.heldout_tasks))
+            both = sorted(held & set(tasks))
+            if both:
+                raise ConfigError(f"warm_start.tasks must not include held-out tasks (they would no longer be "
+                                  f"held out): {', '.join(both)}")
 
     def _validate_inference_servers(self, alloc) -> None:
         """cluster.n_inference_servers against allocation_mode and rollout.mode (SPEC section 1)."""

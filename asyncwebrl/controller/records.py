@@ -119,6 +119,14 @@ class RunSummary:
     """per training task: success EMA at the end of the run (None = never consumed)"""
     task_share: dict[str, float] = field(default_factory=dict)
     """per training task: sampling share at the end of the run"""
+    warm_start_demos: int = 0
+    """successful demonstration episodes the warm start cloned (0 = no warm start in this run)"""
+    warm_start_nll_first: float | None = None
+    """token-mean NLL of the demonstrated actions over the warm start's first epoch"""
+    warm_start_nll_last: float | None = None
+    """... over its last epoch"""
+    warm_start_s: float = 0.0
+    """wall time of the warm start (demonstrations + behaviour cloning)"""
 
     @property
     def run_time_s(self) -> float:

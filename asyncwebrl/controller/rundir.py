@@ -5,9 +5,10 @@ Layout (relative to `cfg.run_dir`)::
     config.yaml          resolved config
     metrics.jsonl        one JSON object per line: {"kind", "step", "time", ...figures}
                          kind = "train" (one per training step), "eval" (one per evaluated checkpoint,
-                         with "version"), "rollout" (pool statistics), "summary" (end of run)
+                         with "version"), "rollout" (pool statistics), "summary" (end of run),
+                         "warm_start" (one per behaviour-cloning epoch, step = epoch)
     timeline.jsonl       {"step", "phase", "start", "end"} with phase in rollout_wait, train,
-                         weight_sync, eval, checkpoint (seconds since run start)
+                         weight_sync, eval, checkpoint, warm_start (seconds since run start)
     episodes/index.jsonl one line per kept episode: {traj_id, task_id, version, reward, success,
                          n_steps, n_invalid, truncated, dir}
     episodes/<traj_id>/episode.json   steps with action_text, action, invalid, reward, versions,

@@ -124,19 +124,16 @@ async def _make(env_factory):
     return env
 
 
-def eval_main(cfg, checkpoint: str | None) -> int:
-    """`asyncwebrl eval`: start one embedded server on the checkpoint (or actor.path), run the
-    evaluation set of test_rollout.tasks, print and return success."""
-    import json
-
+def evaluate_model(cfg, model: str, version: int = -1) -> dict[str, Any]:
+    """Start one embedded server on `model` (a model folder or a checkpoint), run the evaluation set of
+    the run config (`eval_task_sets`: test_rollout.tasks, n_episodes, greedy at test_rollout.temperature)
+    and, if any, the held-out set (under "heldout"); stop the server. The figures of `run_eval_episodes`."""
     from asyncwebrl.inference.client import InferenceClient
-    from asyncwebrl.models.prepare import resolve_model_path
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.base import InProcessPixelStore
     from asyncwebrl.scheduling.servers import launch_server
     from asyncwebrl.web.tasks import make_env
 
-    model = checkpoint or resolve_model_path(cfg.actor.path)
     server = launch_server(model=model, dtype=cfg.inference.dtype, api_key=cfg.inference.api_key,
                            max_context_len=cfg.inference.max_context_len,
                            startup_timeout=cfg.inference.startup_timeout_s)
@@ -146,14 +143,24 @@ def eval_main(cfg, checkpoint: str | None) -> int:
         tasks, held = eval_task_sets(cfg)
         sampling = eval_sampling(cfg, adapter)
         figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,
-                                                InProcessPixelStore("eval"), cfg.env, sampling, version=-1))
+                                                InProcessPixelStore("eval"), cfg.env, sampling, version=version))
         if held:
             figures["heldout"] = asyncio.run(run_eval_episodes(held, lambda: make_env(cfg.env), client, adapter,
                                                                InProcessPixelStore("eval"), cfg.env, sampling,
-                                                               version=-1))
-        print(json.dumps(figures, indent=2))
+                                                               version=version))
     finally:
         server.stop()
+    return figures
+
+
+def eval_main(cfg, checkpoint: str | None) -> int:
+    """`asyncwebrl eval`: the evaluation set of test_rollout.tasks on the checkpoint (or actor.path),
+    printed as JSON."""
+    import json
+
+    from asyncwebrl.models.prepare import resolve_model_path
+
+    print(json.dumps(evaluate_model(cfg, checkpoint or resolve_model_path(cfg.actor.path)), indent=2))
     return 0
 
 

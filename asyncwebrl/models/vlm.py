@@ -129,6 +129,27 @@ class VLMAdapter:
             ]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
+    def assistant_turn_ids(self, text: str) -> list[int]:
+        """The token ids a policy emits to answer `text` in one assistant turn: the text as the chat
+        template renders it after the generation prompt, through the first end-of-turn token (the
+        token rollout generation stops on, `eos_token_ids`). A template that ends the turn with no such
+        token gets the tokenizer's EOS appended; one that does not extend the generation prompt
+        (unusual) gives the plain text's tokens plus EOS."""
+        probe = [{"role": "user", "content": [{"type": "text", "text": "."}]}]
+        turn = probe + [{"role": "assistant", "content": [{"type": "text", "text": text}]}]
+        if self.family == TEXT:
+            turn = [{**m, "content": "".join(p["text"] for p in m["content"])} for m in turn]
+        head = self.chat_text(probe)
+        full = self.tokenizer.apply_chat_template(turn, tokenize=False)
+        tail = full[len(head):] if full.startswith(head) else text
+        ids = self.tokenizer(tail, add_special_tokens=False)["input_ids"]
+        stops = set(self.eos_token_ids)
+        for i, t in enumerate(ids):
+            if t in stops:
+                return ids[: i + 1]
+        eos = self.tokenizer.eos_token_id
+        return ids + [eos if eos is not None else self.eos_token_ids[0]]
+
     def encode(self, text: str, images: list[Image.Image] | None = None) -> Encoded:
         """Token ids with every image placeholder expanded, and the image tensors for forward."""
         images = images or []

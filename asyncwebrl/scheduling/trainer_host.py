@@ -49,6 +49,12 @@ class TrainerRank:
         `version`: the owner's value, checked against the weights this rank holds."""
         return self.actor.train_step(groups, pixel_store=pixel_store, free_pixels=True, version=version)
 
+    def warm_start(self, samples, ws_cfg) -> list:
+        """Behaviour cloning on the demonstrations (`training.warm_start.bc_epochs`); the version stays."""
+        from asyncwebrl.training.warm_start import bc_epochs
+
+        return bc_epochs(self.actor, samples, ws_cfg)
+
     def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
         if self.rank != 0:
             return
@@ -115,6 +121,10 @@ class TrainerGroup:
 
     def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
         return self._all("train_step", groups, pixel_store, version)[0]
+
+    def warm_start(self, samples, ws_cfg) -> list:
+        """Rank 0's per-epoch `WarmStartEpoch` records (every rank clones the same demonstrations)."""
+        return self._all("warm_start", samples, ws_cfg)[0]
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
         self._all("init_weight_group", server_addresses, api_key)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,17 @@ from asyncwebrl.training.samples import (
 from asyncwebrl.weights.version import VersionDrift
 
 WRAP = "policy."
+
+
+@dataclass
+class BCStats:
+    """One behaviour-cloning update (`FSDPActor.bc_step`), over the whole global batch."""
+
+    nll: float
+    """token-mean negative log-likelihood of the target tokens before the update"""
+    n_tokens: int
+    n_samples: int
+    grad_norm: float
 
 
 class PolicyWithLossHead(nn.Module):
@@ -308,13 +320,66 @@ class FSDPActor:
                 pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, optimizer: torch.optim.Optimizer | None = None) -> float:
+        optimizer = optimizer or self.optimizer
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.max_grad_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    # ---- behaviour cloning (the warm start, asyncwebrl.training.warm_start) -----------------------
+    def new_bc_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """A fresh AdamW over the trainable parameters for the warm start, so RL's own optimizer starts
+        with no state from it (betas and weight decay as actor.*)."""
+        return torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=lr,
+                                 betas=tuple(self.cfg.adam_betas), weight_decay=self.cfg.weight_decay)
+
+    def bc_step(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
+                optimizer: torch.optim.Optimizer | None = None) -> BCStats:
+        """One behaviour-cloning update on the global batch (every rank passes the same samples): minimise
+        the token mean, over every sample's output ids, of -log pi_theta(token | prompt, earlier tokens).
+
+        The logprobs are the PPO forward's (`PolicyWithLossHead`, logits / actor.temperature): the
+        sampling distribution rollout draws from is the one cloned. Ranks take their share, run the same
+        number of micro-batches (filler passes), and each micro-batch's loss is its NLL sum over the
+        GLOBAL token count times world_size, so the update equals the single-process one. `pixels`:
+        aligned with `samples`, or None = inline in the samples. The version does not change: the warm
+        start's result is version 0."""
+        if not samples:
+            raise ValueError("bc_step needs at least one demonstration sample")
+        for s in samples:
+            s.validate()
+        local = shard_for_rank(samples, self.rank, self.world_size)
+        if pixels is None:
+            kept, pix, dropped = fetch_pixels(local, None)
+            if dropped:
+                raise ValueError(f"{dropped} demonstration samples have no inline screenshots")
+        else:
+            if len(pixels) != len(samples):
+                raise ValueError(f"bc_step: {len(samples)} samples but {len(pixels)} pixel lists")
+            pos = {id(s): i for i, s in enumerate(samples)}
+            kept, pix = local, [pixels[pos[id(s)]] for s in local]
+        pix_of = {id(s): p for s, p in zip(kept, pix, strict=True)}
+        n_tokens = self._all_sum([float(sum(len(s.output_ids) for s in local))])[0]
+        opt = optimizer or self.optimizer
+        opt.zero_grad(set_to_none=True)
+        self.module.train()
+        nll_sum = 0.0
+        for mb in self._padded(self._index_micro_batches(local)):
+            if mb is None:
+                _, logp, _ = self._forward(*self._filler())
+                (logp.sum() * 0.0).backward()
+                continue
+            mb_samples = [local[i] for i in mb]
+            _, logp, _ = self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+            nll = -logp.sum()
+            (nll / n_tokens * self.world_size).backward()
+            nll_sum += float(nll.detach())
+        grad_norm = self._clip_and_step(opt)
+        nll_sum = self._all_sum([nll_sum])[0]
+        return BCStats(nll=nll_sum / n_tokens, n_tokens=int(n_tokens), n_samples=len(samples), grad_norm=grad_norm)
 
     def _finalize(self, stats: PPOStats, grad_norms: list[float], n_dropped: int, n_samples: int,
                   t0: float, t_prox: float) -> dict[str, float]:

@@ -116,3 +116,63 @@ class CheckpointConfig:
     def validate(self) -> None:
         if self.every_n_steps < 0 or self.keep_last < 1:
             raise ValueError("checkpoint.every_n_steps must be >= 0 and checkpoint.keep_last >= 1")
+
+
+@dataclass(kw_only=True)
+class WarmStartConfig:
+    """Behaviour cloning on demonstrations before the first RL step (`asyncwebrl.training.warm_start`).
+
+    Off by default. When on, a fresh run (never a resume) collects successful demonstration episodes
+    through the rollout's own episode loop on the production env, minimises the token-mean NLL of the
+    demonstrated action tokens on the trainer ranks, and hands the result to the inference servers as
+    version 0: checkpoints, evaluation and staleness count from there.
+    """
+
+    enabled: bool = False
+    """run the warm start before the first RL step of a fresh run (a resumed run never redoes it)"""
+    source: Literal["oracle", "episodes"] = "oracle"
+    """oracle = scripted MiniWoB solvers (asyncwebrl.web.oracles) play fresh episodes; episodes = replay
+    the successful episodes of a run's episodes/ folder (index.jsonl + episode.json) on the env"""
+    episodes_dir: str | None = None
+    """source=episodes: a run's episodes/ folder (or the run folder holding it)"""
+    n_demos: int = 10
+    """successful demonstration episodes per task (oracle: played until reached, at most 3x as many
+    attempts; episodes: at most this many recorded successes per task are replayed)"""
+    epochs: int = 3
+    """passes over the demonstrations"""
+    lr: float = 5e-5
+    """AdamW learning rate of the warm start (its own optimizer: RL starts with fresh AdamW state)"""
+    batch_size: int = 16
+    """demonstration steps per optimizer step"""
+    tasks: str = ""
+    """tasks to demonstrate (subset or comma-separated names); '' = the training tasks (env.tasks)"""
+    concurrency: int = 2
+    """browser sessions collecting demonstrations at once"""
+    seed: int = 7
+    """seed of the demonstration episodes (offset from the evaluation seeds) and of the epoch shuffles"""
+
+    def validate(self) -> None:
+        if self.n_demos < 1:
+            raise ValueError("warm_start.n_demos must be >= 1 (demonstration episodes per task)")
+        if self.epochs < 1:
+            raise ValueError("warm_start.epochs must be >= 1")
+        if not self.lr > 0:
+            raise ValueError("warm_start.lr must be > 0")
+        if self.batch_size < 1:
+            raise ValueError("warm_start.batch_size must be >= 1")
+        if self.concurrency < 1:
+            raise ValueError("warm_start.concurrency must be >= 1")
+        if self.source == "oracle" and self.episodes_dir is not None:
+            raise ValueError("warm_start.episodes_dir is read only with warm_start.source=episodes "
+                             "(source=oracle plays fresh oracle episodes); drop it or set source=episodes")
+        if self.source == "episodes" and self.enabled:
+            from pathlib import Path
+
+            if not self.episodes_dir:
+                raise ValueError("warm_start.source=episodes needs warm_start.episodes_dir (a run's episodes/ folder)")
+            d = Path(self.episodes_dir)
+            if not (d / "index.jsonl").is_file() and (d / "episodes" / "index.jsonl").is_file():
+                d = d / "episodes"
+            if not (d / "index.jsonl").is_file():
+                raise ValueError(f"warm_start.episodes_dir {self.episodes_dir} holds no index.jsonl: give a run's "
+                                 "episodes/ folder (written when stats.keep_episodes > 0)")
