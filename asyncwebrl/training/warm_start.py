@@ -73,6 +73,8 @@ class Demonstrations:
     dropped_steps: int = 0
     """steps of successful episodes whose target exceeded gconfig.max_new_tokens"""
     collect_s: float = 0.0
+    episode_of: dict[str, str] = field(default_factory=dict)
+    """traj_id of each kept demonstration -> the task instance it played ('miniwob/NAME#SEED')"""
 
 
 @dataclass
@@ -195,6 +197,7 @@ async def _play(jobs: list[tuple[Task, Callable[[_Watched], Callable[[], str]]]]
                 demos.dropped_steps += dropped
                 if samples:
                     found.append((index, samples))
+                    demos.episode_of[traj.traj_id] = task.group_key
                     demos.episodes += 1
                     name = task.task_id.split("/", 1)[-1]
                     demos.per_task[name] = demos.per_task.get(name, 0) + 1
