@@ -445,6 +445,9 @@ def _print_summary(cfg: RunConfig, root: Path, summary: RunSummary) -> None:
     print()
     print(f"run directory      {root}")
     print(f"steps / version    {summary.steps} / {summary.version}  in {summary.wall_time_s:.0f} s")
+    if summary.warm_start_demos:
+        print(f"warm start         {summary.warm_start_demos} demonstrations, NLL {summary.warm_start_nll_first:.3f} "
+              f"-> {summary.warm_start_nll_last:.3f}, {summary.warm_start_s:.0f} s (its result is version 0)")
     print(f"success (train)    first {summary.window} steps {summary.success_first:.3f} -> "
           f"last {summary.window} steps {summary.success_last:.3f}  (gain {summary.success_gain:+.3f})")
     print(f"episodes           {summary.trajectories} trained on, {summary.failed_episodes} failed, "

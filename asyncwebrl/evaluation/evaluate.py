@@ -142,12 +142,24 @@ def evaluate_model(cfg, model: str, version: int = -1) -> dict[str, Any]:
         client = InferenceClient([server.address], api_key=server.api_key)
         tasks, held = eval_task_sets(cfg)
         sampling = eval_sampling(cfg, adapter)
-        figures = asyncio.run(run_eval_episodes(tasks, lambda: make_env(cfg.env), client, adapter,
-                                                InProcessPixelStore("eval"), cfg.env, sampling, version=version))
-        if held:
-            figures["heldout"] = asyncio.run(run_eval_episodes(held, lambda: make_env(cfg.env), client, adapter,
-                                                               InProcessPixelStore("eval"), cfg.env, sampling,
-                                                               version=version))
+
+        async def run_sets() -> dict[str, Any]:
+            from asyncwebrl.web.browser import BrowserPool
+
+            pool = BrowserPool(cfg.env)  # one browser for both sets, closed with this loop
+            try:
+                figures = await run_eval_episodes(tasks, lambda: make_env(cfg.env, pool=pool), client, adapter,
+                                                  InProcessPixelStore("eval"), cfg.env, sampling, version=version)
+                if held:
+                    figures["heldout"] = await run_eval_episodes(held, lambda: make_env(cfg.env, pool=pool), client,
+                                                                 adapter, InProcessPixelStore("eval"), cfg.env,
+                                                                 sampling, version=version)
+                return figures
+            finally:
+                await client.aclose()  # its HTTP session lives in this loop
+                await pool.close()
+
+        figures = asyncio.run(run_sets())
     finally:
         server.stop()
     return figures

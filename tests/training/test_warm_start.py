@@ -110,6 +110,34 @@ def test_oracle_demonstrations_are_the_rollouts_prompts_and_the_policys_tokens(s
 
 
 @pytest.mark.browser
+def test_recorded_successful_episodes_replay_into_the_same_demonstrations(setup, tmp_path):
+    """source=episodes: a run's episodes/ folder (written by the controller's RunDir) is replayed on its
+    tasks and seeds; successes give exactly the oracle's samples, a recorded failure is never used."""
+    import dataclasses
+
+    from asyncwebrl.controller.rundir import RunDir
+    from asyncwebrl.rollout.trajectory import StepSample, Trajectory
+    from asyncwebrl.training.warm_start import collect_demonstrations
+
+    cfg, adapter, demos = setup
+    run = RunDir(tmp_path / "run", keep_episodes=8, tensorboard=False)
+    for i, s in enumerate(demos.samples):
+        action = adapter.tokenizer.decode(s.output_ids[:-1])
+        for ok in (False, True):  # a failed episode of the same task first: must be skipped
+            step = StepSample(prompt_ids=[1], output_ids=[1], behave_logprobs=[0.0], versions=[3],
+                              action_text=action if ok else "click [999]")
+            run.keep_episode(Trajectory(traj_id=f"t{i}{ok}", task_id=demos.episode_of[s.traj_id], steps=[step],
+                                        reward=float(ok), success=ok), 3, [s.pixels[0]])
+    run.close()
+    ws = dataclasses.replace(cfg.warm_start, source="episodes", episodes_dir=str(tmp_path / "run"))
+    replayed = collect_demonstrations(ws, cfg.env, adapter, ["click-button", "focus-text-2"],
+                                      cfg.gconfig.max_new_tokens)
+    assert replayed.attempts == 2 and replayed.per_task == demos.per_task
+    assert [(r.prompt_ids, r.output_ids) for r in replayed.samples] == \
+        [(s.prompt_ids, s.output_ids) for s in demos.samples]
+
+
+@pytest.mark.browser
 @pytest.mark.slow
 def test_short_behaviour_cloning_lowers_the_nll_of_the_oracle_actions(setup):
     import dataclasses
