@@ -90,6 +90,8 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         # the viewer sample of episodes holds real screenshots
         kept = read_jsonl(run.root / "episodes" / "index.jsonl")
         assert kept and (run.root / kept[0]["dir"] / "step_0.png").stat().st_size > 100
+        # ... and the goal the model read (the viewer shows it above the steps)
+        assert json.loads((run.root / kept[0]["dir"] / "episode.json").read_text())["instruction"].startswith("Click")
     finally:
         system.shutdown()
         run.close()
