@@ -83,6 +83,12 @@ ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
      "asyncwebrl bench clip steps=6 scheduler=local"),
     ("curriculum", [("adaptive_over_uniform", "adaptive/uniform final greedy eval success"), ("seeds", "seeds")],
      "asyncwebrl bench curriculum"),
+    ("warmstart", [("eval_base", "greedy eval success, base model"),
+                   ("eval_warm", "greedy eval success after the BC warm start"),
+                   ("heldout_base", "held-out tasks, base model"), ("heldout_warm", "held-out tasks, after the warm start"),
+                   ("eval_episodes", "evaluation episodes"), ("demos", "oracle demonstrations"),
+                   ("bc_wall_s", "warm start wall time (s)")],
+     "asyncwebrl bench warmstart"),
 ]
 
 
