@@ -236,19 +236,28 @@ def _recorded_jobs(tasks: list[str], ws: WarmStartConfig, max_steps: int):
     """Replays of the successful recorded episodes of `tasks` (index.jsonl order), at most n_demos*3 per task."""
     folder = episodes_folder(ws.episodes_dir or "")
     jobs, per_task = [], Counter()
-    for line in (folder / "index.jsonl").read_text().splitlines():
+    index = folder / "index.jsonl"
+    for n, line in enumerate(index.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"warm_start.episodes_dir: {index} line {n} is not JSON ({e})") from None
         if not row.get("success"):
             continue
+        if "dir" not in row:
+            raise ValueError(f"warm_start.episodes_dir: {index} line {n} has no 'dir' (not a run's episode index)")
         doc_path = folder.parent / row["dir"] / "episode.json" if (folder.parent / row["dir"]).is_dir() \
             else folder / Path(row["dir"]).name / "episode.json"
         if not doc_path.is_file():
             log.warning("recorded episode %s has no episode.json; skipped", row.get("traj_id"))
             continue
         doc = json.loads(doc_path.read_text())
-        task_id, _, seed = str(doc["task_id"]).rpartition("#")
+        task_id, _, seed = str(doc.get("task_id", "")).rpartition("#")
+        if not task_id or not seed.isdigit() or not isinstance(doc.get("steps"), list):
+            raise ValueError(f"warm_start.episodes_dir: {doc_path} has no task_id 'TASK#SEED' and steps list: an "
+                             "episode the controller did not write cannot be replayed")
         name = task_id.split("/", 1)[-1]
         if name not in tasks or per_task[name] >= ws.n_demos * MAX_ATTEMPTS_PER_DEMO:
             continue

@@ -55,6 +55,26 @@ def test_config_off_by_default_and_recorded_episodes_accepted(tmp_path):
     load_run_config(None, ["warm_start.tasks=enter-password"])
 
 
+def test_a_corrupt_episode_index_is_a_clear_error_before_any_browser_starts(tmp_path):
+    from asyncwebrl.training.warm_start import collect_demonstrations
+
+    (tmp_path / "episodes").mkdir()
+    (tmp_path / "episodes" / "index.jsonl").write_text('{"traj_id": "t1", "success": true, "dir": "episodes/t1"}\n{oops\n')
+    (tmp_path / "episodes" / "t1").mkdir()
+    (tmp_path / "episodes" / "t1" / "episode.json").write_text('{"task_id": "miniwob/click-test#3", "steps": []}')
+    cfg = load_run_config(None, ON + ["warm_start.source=episodes", f"warm_start.episodes_dir={tmp_path}"])
+
+    def no_env(*a, **k):
+        raise AssertionError("no environment may start for a corrupt index")
+
+    with pytest.raises(ValueError, match="index.jsonl line 2 is not JSON"):
+        collect_demonstrations(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
+    (tmp_path / "episodes" / "index.jsonl").write_text('{"traj_id": "t1", "success": true, "dir": "episodes/t1"}\n')
+    (tmp_path / "episodes" / "t1" / "episode.json").write_text('{"task_id": "miniwob/click-test", "steps": []}')
+    with pytest.raises(ValueError, match="no task_id 'TASK#SEED'"):
+        collect_demonstrations(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
+
+
 # ---- demonstrations -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(default_model_path):
