@@ -7,7 +7,9 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   token sampled from the hidden state of its last prompt token;
 - decode: one `StaticDecoder` step for all running sequences (CUDA graphs on a GPU), requests join
   after any step and leave at once (continuous batching); the live rows stay in slots [0, n): a
-  finished row's slot is filled by the last live row (its KV prefix copied);
+  finished row's slot is filled by the last live row (its KV prefix copied); step k+1 is launched
+  before the host reads step k's tokens (inference/decode_pipeline.py states that path's invariants);
+  a prefill first commits the step in flight;
 - sampling happens on the device (Gumbel-max at the request's temperature); a request with top-k,
   top-p, min-p or an EOS ban (min_new_tokens) is sampled from its logits row on the CPU by the
   plain engine's sampler, so behaviour is the same as `HFEngine`'s;
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from asyncwebrl.inference.decode_pipeline import DecodePipeline, StepRecord
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
 from asyncwebrl.models.vision_attention import batch_vision_attention
@@ -84,6 +87,7 @@ class GraphEngine(HFEngine):
         self._prefill_last_s = 0.0
         self.lean_prefill = lean_prefill
         self.decoder: StaticDecoder | None = None
+        self.pipe: DecodePipeline | None = None
         self.vision: VisionRunner | None = None
         reason = supported(self.model)
         if reason:
@@ -94,10 +98,11 @@ class GraphEngine(HFEngine):
             use_graphs=on_gpu if use_graphs is None else use_graphs,
             compile_layers=on_gpu if compile_layers is None else compile_layers,
             generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
+        self.pipe = DecodePipeline(self.decoder)
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
-                           "decode_s": 0.0, "batched_vision_attention": batch_vision_attention(self.model)})
+                           "decode_s": 0.0, "steps_ahead": 0, "batched_vision_attention": batch_vision_attention(self.model)})
         self.vision = install(
             self.model, use_graphs=on_gpu if use_graphs is None else use_graphs, max_images=self.max_batch_size)
         self.stats["static_vision"] = int(self.vision is not None)
@@ -132,6 +137,8 @@ class GraphEngine(HFEngine):
             dec.reset_graphs()
             n = dec.capture_all()
         self.stats.update(graphs=n, capture_s=round(dec.capture_s, 2), compiled=int(dec.compiled))
+        for r in self._batch.reqs:  # capturing overwrote the device's last sampled tokens
+            r.dev_row = None
         if n:
             log.info("captured %d decode graphs in %.1f s (compiled layers: %s)", n, dec.capture_s, dec.compiled)
 
@@ -281,6 +288,7 @@ class GraphEngine(HFEngine):
 
         dec = self.decoder
         assert dec is not None
+        self._settle()  # the step in flight is committed first (its rows may finish and be compacted)
         t0 = time.perf_counter()
         batch, qwen = self._prefill_inputs(group)
         b = self._batch
@@ -318,45 +326,78 @@ class GraphEngine(HFEngine):
             self.stats.update(self.vision.stats)
 
     # ---- decode ------------------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Commit every launched step (the loop leaves one in flight between its iterations)."""
+        if self.pipe is not None:
+            while self.pipe.pending:
+                self._commit(*self.pipe.pop())
+
     def _decode_step(self) -> None:
         if self.decoder is None:
             return super()._decode_step()
-        b = self._batch
+        pipe = self.pipe
+        assert pipe is not None
         t0 = time.perf_counter()
-        tok, lp, logits = self.decoder.step(
-            [r.output_ids[-1] for r in b.reqs], list(b.positions),
-            [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
-            [r.sampling.temperature for r in b.reqs])
-        b.positions = [p + 1 for p in b.positions]
-        self.stats["steps"] += 1
-        self._append_sampled(b.reqs, tok, lp, logits)
-        n = len(b.reqs)
-        self._drop_finished()
+        try:
+            if pipe.pending and any(self._needs_cpu(r) for r in self._batch.reqs):
+                self._settle()  # the host samples this step's token of some row: it needs the last one
+            b = self._batch
+            launched = None
+            if any(len(r.output_ids) + r.in_flight < r.max_new_tokens for r in b.reqs):
+                self.stats["steps_ahead"] += bool(pipe.pending)
+                launched = pipe.launch(b.reqs, list(b.positions),
+                                       [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
+                                       [self._needs_cpu(r) for r in b.reqs], self.weight_version)
+                b.positions = [p + 1 for p in b.positions]
+                self.stats["steps"] += 1
+            keep = 1 if launched is not None and not any(launched.cpu) else 0
+            while len(pipe.pending) > keep:
+                self._commit(*pipe.pop())
+        except Exception:
+            pipe.forget()
+            raise
         dt = time.perf_counter() - t0
         self.stats["decode_s"] += dt
-        _tally(self.stats, "decode_ms_by_n", n, dt)
+        self.stats["host_wait_s"] = round(pipe.wait_s, 3)
+        _tally(self.stats, "decode_ms_by_n", len(launched.reqs) if launched else 0, dt)
+
+    def _commit(self, rec: StepRecord, toks: list[int], lps: list[float]) -> None:
+        """Record a read step's tokens (dropping those of requests that had already finished)."""
+        live = [i for i, r in enumerate(rec.reqs) if r.finish is None]
+        self._record([rec.reqs[i] for i in live], [toks[i] for i in live], [lps[i] for i in live],
+                     rec.logits[live] if any(rec.cpu) else None, [rec.cpu[i] for i in live], rec.version)
+        self._drop_finished()
 
     def _needs_cpu(self, r: EngineRequest) -> bool:
+        """Whether the next token launched for r is sampled by the host (filters, or an EOS ban)."""
         sp = r.sampling
         filtered = sp.temperature > 0 and (0 < sp.top_k < self.vocab_size or sp.top_p < 1.0 or sp.min_p > 0)
-        banned = len(r.output_ids) < sp.min_new_tokens and (not sp.ignore_eos or bool(sp.stop_token_ids))
+        banned = (len(r.output_ids) + r.in_flight < sp.min_new_tokens
+                  and (not sp.ignore_eos or bool(sp.stop_token_ids)))
         return filtered or banned
 
     def _append_sampled(self, reqs: list[EngineRequest], tok: torch.Tensor, lp: torch.Tensor,
                         logits: torch.Tensor) -> None:
-        """Record one sampled token per request (device sampling, or the CPU sampler where needed)."""
+        """Record one sampled token per request of a prefill (device tensors, read here)."""
         n = len(reqs)
         host = torch.stack([tok[:n].double(), lp[:n].double()]).cpu()
-        toks, lps = host[0].long().tolist(), host[1].tolist()
+        cpu = [self._needs_cpu(r) for r in reqs]
+        self._record(reqs, host[0].long().tolist(), host[1].tolist(), logits, cpu, self.weight_version)
+
+    def _record(self, reqs: list[EngineRequest], toks: list[int], lps: list[float], logits: torch.Tensor | None,
+                cpu: list[bool], version: str) -> None:
+        """Append one token per request (the host's sampler where cpu[i], from logits row i)."""
         for i, r in enumerate(reqs):
-            if self._needs_cpu(r):
+            if cpu[i]:
+                assert logits is not None
                 row = logits[i].float().cpu()
                 t = r.sampling.temperature if r.sampling.temperature > 0 else 1.0
                 toks[i] = self._sample(row, r)
                 lps[i] = float(torch.log_softmax(row / t, dim=-1)[toks[i]])
+                r.dev_row = None  # the device holds another token for this row
             r.output_ids.append(toks[i])
             r.logprobs.append(lps[i])
-            r.versions.append(self.weight_version)
+            r.versions.append(version)
             self.stats["generated_tokens"] += 1
             self._check_finish(r)
             if r.on_token is not None:

@@ -19,7 +19,12 @@ Layout and invariants:
   its rotation is plain 1-D RoPE at (length + rope_delta) with the model's own inv_freq;
 - only full-attention decoders without q/k norms are supported (`supported()` says why not);
 - `banned_tokens` (the image/video placeholder ids) are never sampled: a generated placeholder would
-  make the trainer's teacher-forced forward count more image tokens than the images provide.
+  make the trainer's teacher-forced forward count more image tokens than the images provide;
+- a step's input token of row i is `last_tok[src[i]]` where src[i] >= 0 (the token the previous step
+  sampled for that sequence, left on the device: steps can be launched before the host has read it),
+  else the host-given id; every step writes its sampled tokens to `last_tok[:nb]` and (token, logprob)
+  to `out[:, :nb]`; `launch` stages its inputs through a ring of `STAGING` pinned buffers copied
+  asynchronously, so at most STAGING - 1 launched steps may be unread by the host at any time.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STAGING = 3
+"""pinned input buffers in the ring (a buffer is refilled only after the step that read it was waited for)"""
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -135,9 +142,16 @@ class StaticDecoder:
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         dev = self.device
-        self.ints = torch.zeros((3, max_slots), dtype=torch.long, device=dev)  # ids, kv_pos, rope_pos
-        self.ids, self.kv_pos, self.rope_pos = self.ints[0], self.ints[1], self.ints[2]
+        self.ints = torch.zeros((4, max_slots), dtype=torch.long, device=dev)  # ids, kv_pos, rope_pos, src
+        self.ids, self.kv_pos, self.rope_pos, self.src = self.ints[0], self.ints[1], self.ints[2], self.ints[3]
+        self.src.fill_(-1)
         self.temps = torch.ones(max_slots, dtype=torch.float32, device=dev)
+        self.last_tok = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.out = torch.zeros((2, max_slots), dtype=torch.float64, device=dev)  # sampled tokens, logprobs
+        pin = dev.type == "cuda"
+        self._staging = [(torch.zeros((4, max_slots), dtype=torch.long, pin_memory=pin),
+                          torch.ones(max_slots, dtype=torch.float32, pin_memory=pin)) for _ in range(STAGING)]
+        self._staged = 0
         self.rows = torch.arange(max_slots, device=dev)
         vocab = int(self.model.lm_head.weight.shape[0])
         banned = sorted({t for t in (banned_tokens or []) if t is not None and 0 <= t < vocab})
@@ -202,8 +216,9 @@ class StaticDecoder:
     def _forward(self, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for slots [0, n) attending over cache columns [0, length); reads the static inputs."""
         lm = self.lm
-        kv_pos, rows = self.kv_pos[:n], self.rows[:n]
-        h = F.embedding(self.ids[:n], lm.embed_tokens.weight)
+        kv_pos, rows, src = self.kv_pos[:n], self.rows[:n], self.src[:n]
+        ids = torch.where(src >= 0, self.last_tok.index_select(0, src.clamp(min=0)), self.ids[:n])
+        h = F.embedding(ids, lm.embed_tokens.weight)
         rot = lm.rotary_emb
         freqs = self.rope_pos[:n, None].float() * rot.inv_freq.float()[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
@@ -223,6 +238,9 @@ class StaticDecoder:
         h = rms_norm(h, lm.norm.weight, self.eps)
         logits = self.mask_banned(F.linear(h, self.model.lm_head.weight).float())
         tok, lp = sample_rows(logits, self.temps[:n], self.generator)
+        self.last_tok[:n].copy_(tok)
+        self.out[0, :n].copy_(tok)
+        self.out[1, :n].copy_(lp)
         return tok, lp, logits
 
     def mask_banned(self, logits: torch.Tensor) -> torch.Tensor:
@@ -287,13 +305,24 @@ class StaticDecoder:
     @torch.inference_mode()
     def step(self, ids: list[int], kv_pos: list[int], rope_pos: list[int], temps: list[float]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Decode one token for slots [0, len(ids)): returns device tensors (tokens, logprobs, logits),
-        each of at least len(ids) rows (rows past it belong to idle slots)."""
+        """Decode one token for slots [0, len(ids)) from host-given input tokens: returns device tensors
+        (tokens, logprobs, logits), each of at least len(ids) rows (rows past it belong to idle slots)."""
+        return self.launch(ids, [-1] * len(ids), kv_pos, rope_pos, temps)
+
+    @torch.inference_mode()
+    def launch(self, ids: list[int], src: list[int], kv_pos: list[int], rope_pos: list[int], temps: list[float]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Enqueue one decode step without waiting for anything on the device: row i's input token is
+        `last_tok[src[i]]` where src[i] >= 0, else ids[i]. Results as `step`'s, also in `out`."""
         n = len(ids)
         nb, lb = self.bucket(n, max(kv_pos) + 1)
         pad = nb - n
-        self.ints[:, :nb].copy_(torch.tensor([ids + [0] * pad, kv_pos + [0] * pad, rope_pos + [0] * pad]))
-        self.temps[:nb].copy_(torch.tensor(temps + [1.0] * pad, dtype=torch.float32))
+        ints, temp = self._staging[self._staged % STAGING]
+        self._staged += 1
+        ints[:, :nb] = torch.tensor([ids + [0] * pad, kv_pos + [0] * pad, rope_pos + [0] * pad, src + [-1] * pad])
+        temp[:nb] = torch.tensor(temps + [1.0] * pad, dtype=torch.float32)
+        self.ints[:, :nb].copy_(ints[:, :nb], non_blocking=True)
+        self.temps[:nb].copy_(temp[:nb], non_blocking=True)
         if not self.use_graphs:
             return self._forward(nb, lb)
         g = self.graphs.get((nb, lb))
@@ -326,6 +355,7 @@ class StaticDecoder:
         if not self.use_graphs:
             return 0
         self.kv_pos.zero_()
+        self.src.fill_(-1)
         for nb in self.batch_buckets:
             for lb in self.len_buckets:
                 if (nb, lb) not in self.graphs:

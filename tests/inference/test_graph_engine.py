@@ -95,6 +95,30 @@ def test_greedy_tokens_equal_the_plain_engine_with_joins_and_leaves(engines):
     assert graph.stats["lean_prefill"] == 1 and graph.stats["lean_prefill_min_cosine"] > 0.999
 
 
+def test_steps_launched_ahead_drop_tokens_past_a_stop_and_keep_the_plain_outputs(engines):
+    """Decode steps are launched before the host has read the previous token (decode_pipeline.py): a
+    request that stops on a stop token or a stop string is launched once more, and that token must be
+    dropped; outputs and finish reasons equal the one-step-at-a-time plain engine's."""
+    plain, graph = engines
+    prompts, _ = _prompts(graph)
+    ref = _run(plain, [_req(p, 10, image=im, temperature=0, ignore_eos=True) for p, im in prompts[:3]])
+    stop_tok = ref[0].output_ids[3]  # stops request 0 at its 4th token (or earlier, where it recurs)
+    stop_str = graph.adapter.tokenizer.decode(ref[1].output_ids[4:6])
+    cases = [({"stop_token_ids": [stop_tok]}, prompts[0]), ({"stop": [stop_str]}, prompts[1]),
+             ({"ignore_eos": True}, prompts[2])]
+    ahead, generated = graph.stats["steps_ahead"], graph.stats["generated_tokens"]
+    outs = {}
+    for name, eng in (("plain", plain), ("graph", graph)):
+        outs[name] = _run(eng, [_req(p, 10, image=im, temperature=0, **sp) for sp, (p, im) in cases])
+    for a, b in zip(outs["plain"], outs["graph"], strict=True):
+        assert (a.output_ids, a.finish_reason, a.text) == (b.output_ids, b.finish_reason, b.text)
+        assert len(b.logprobs) == len(b.versions) == len(b.output_ids)
+    assert outs["graph"][0].finish_reason == {"type": "stop", "matched": stop_tok}
+    assert outs["graph"][1].finish_reason["type"] == "stop" and len(outs["graph"][1].output_ids) < 10
+    assert graph.stats["steps_ahead"] > ahead  # the path under test ran: steps launched one ahead
+    assert graph.stats["generated_tokens"] == generated + sum(len(o.output_ids) for o in outs["graph"])
+
+
 def test_lean_prefill_check_refuses_a_path_that_ignores_mrope(engines, monkeypatch):
     """The real lean path passes the start-up check (first-layer KV and last hidden states, the latter
     against transformers' own batch-vs-alone noise); one that drops the M-RoPE positions of an image
