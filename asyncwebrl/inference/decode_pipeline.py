@@ -46,7 +46,8 @@ class StepRecord:
     cpu: list[bool]
     """rows whose token the host samples from `logits` (the step is committed before the next launch)"""
     host: torch.Tensor
-    """[2, n] float64: sampled tokens and their logprobs, once `event` has completed"""
+    """[2, slots] float64: sampled tokens and their logprobs (columns [0, len(reqs))), once `event` has
+    completed"""
     event: Any
     """torch.cuda.Event recorded after the copy into `host` (None on a CPU: the copy was synchronous)"""
     logits: torch.Tensor
@@ -85,11 +86,10 @@ class DecodePipeline:
                 src.append(r.dev_row)
         _, _, logits = self.dec.launch(ids, src, positions, rope_positions,
                                        [r.sampling.temperature for r in reqs])
-        n = len(reqs)
         slot = self._k % STAGING
         self._k += 1
-        host = self._host[slot][:, :n]
-        host.copy_(self.dec.out[:, :n], non_blocking=True)
+        host = self._host[slot]
+        host.copy_(self.dec.out, non_blocking=True)  # whole: a strided copy would wait for the device
         event = None
         if self._events is not None:
             event = self._events[slot]
@@ -108,8 +108,9 @@ class DecodePipeline:
             t0 = time.perf_counter()
             rec.event.synchronize()
             self.wait_s += time.perf_counter() - t0
-        toks = [int(t) for t in rec.host[0].tolist()]
-        lps = rec.host[1].tolist()
+        n = len(rec.reqs)
+        toks = [int(t) for t in rec.host[0, :n].tolist()]
+        lps = rec.host[1, :n].tolist()
         for r in rec.reqs:
             r.in_flight -= 1
         return rec, toks, lps

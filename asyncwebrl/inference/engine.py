@@ -93,6 +93,9 @@ class EngineRequest:
     (None: the host's output_ids[-1] is the next input); see inference/decode_pipeline.py"""
     in_flight: int = 0
     """GraphEngine: decode steps launched for this request whose tokens the host has not read yet"""
+    mrope: tuple[torch.Tensor, int] | None = None
+    """GraphEngine: the prompt's M-RoPE position ids [3, L] and rope delta, computed on the host
+    (models/mrope.py); None: the model computes them in the prefill"""
 
 
 class _RunningBatch:

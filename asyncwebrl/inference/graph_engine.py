@@ -50,6 +50,7 @@ import torch
 from asyncwebrl.inference.decode_pipeline import DecodePipeline, StepRecord
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
+from asyncwebrl.models.mrope import MRopeIndex, batch_positions
 from asyncwebrl.models.vision_attention import batch_vision_attention
 from asyncwebrl.models.vision_graph import VisionRunner, install
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
@@ -99,6 +100,7 @@ class GraphEngine(HFEngine):
             compile_layers=on_gpu if compile_layers is None else compile_layers,
             generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
         self.pipe = DecodePipeline(self.decoder)
+        self.mrope = MRopeIndex(self.model.model, self.adapter.image_token_id) if self.family == QWEN2VL else None
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
@@ -115,6 +117,7 @@ class GraphEngine(HFEngine):
                     with self.vision.eager() if self.vision is not None else contextlib.nullcontext():
                         self.lean_prefill = self._check_lean_prefill()
                 self.stats["lean_prefill"] = int(self.lean_prefill)
+                self.stats["host_mrope"] = int(self.mrope is not None and self.mrope.available)
                 self._capture()
         super().start()
 
@@ -155,13 +158,28 @@ class GraphEngine(HFEngine):
                     self.vision.reset()
                 self._capture()
 
-    def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int]) -> Any:
-        """The model's own prefill (image features, M-RoPE positions, rope deltas) with the text decoder
-        run by `StaticDecoder.prefill_text` (KV straight into `slots`)."""
+    def _prepare(self, req: Any, on_done: Any, on_token: Any = None) -> EngineRequest:
+        t0 = time.perf_counter()
+        r = super()._prepare(req, on_done, on_token)
+        if self.lean_prefill and self.mrope is not None and self.mrope.available:
+            try:
+                r.mrope = self.mrope(r.input_ids, r.images)
+            except Exception as e:  # the model computes them in the prefill instead
+                log.warning("host M-RoPE positions failed (%s: %s); the model computes them", type(e).__name__, e)
+                self.mrope.reason = f"{type(e).__name__}: {e}"
+        _tally(self.stats, "prepare_ms_by_n", 1, time.perf_counter() - t0)
+        return r
+
+    def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int],
+                      positions: torch.Tensor | None = None) -> Any:
+        """The model's own prefill (image features, M-RoPE positions, rope deltas; positions given where
+        computed on the host) with the text decoder run by `StaticDecoder.prefill_text` (KV into `slots`)."""
         dec = self.decoder
         assert dec is not None
         lm = dec.lm
         lm.forward = functools.partial(dec.prefill_text, slots)
+        if positions is not None:
+            batch = {**batch, "position_ids": positions}
         try:
             return self.model.model(**batch, use_cache=False)
         finally:
@@ -203,7 +221,11 @@ class GraphEngine(HFEngine):
             ref, cache = self._hf_forward(inputs([0, 1]))
             alone = [self._hf_forward(inputs([i]))[0][0] for i in range(len(encs))]
             self._reset_rope_deltas()
-            got = self._lean_forward(inputs([0, 1]), [0, 1]).last_hidden_state
+            pos = None
+            if self.mrope is not None and self.mrope.available:  # checked here too: the prefill uses them
+                pos = batch_positions([self.mrope(e.input_ids, e.images)[0] for e in encs], max(lens))
+                pos = pos.to(self.device)
+            got = self._lean_forward(inputs([0, 1]), [0, 1], pos).last_hidden_state
             kv0 = max(max(dist(dec.k[0, i, :, :n], cache.layers[0].keys[i, :, :n]),
                           dist(dec.v[0, i, :, :n], cache.layers[0].values[i, :, :n])) for i, n in enumerate(lens))
         except Exception:
@@ -295,8 +317,11 @@ class GraphEngine(HFEngine):
         first = len(b.reqs)
         slots = list(range(first, first + len(group)))
         cache = None
+        pos = None
+        if self.lean_prefill and all(r.mrope is not None for r in group):
+            pos = batch_positions([r.mrope[0] for r in group], batch["input_ids"].shape[1]).to(self.device)
         if self.lean_prefill:
-            out = self._lean_forward(batch, slots)
+            out = self._lean_forward(batch, slots, pos)
         else:
             cache = DynamicCache()
             out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
@@ -304,7 +329,9 @@ class GraphEngine(HFEngine):
         last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
         logits = dec.mask_banned(self.model.lm_head(last).float())
         deltas = [0] * len(group)
-        if qwen and self.model.model.rope_deltas is not None:
+        if pos is not None:
+            deltas = [r.mrope[1] for r in group]
+        elif qwen and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
         temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
         tok, lp = sample_rows(logits, temps, dec.generator)
@@ -322,6 +349,7 @@ class GraphEngine(HFEngine):
         self.stats["prefill_s"] += self._prefill_last_s
         self.stats["queue_s"] = self.stats.get("queue_s", 0.0) + sum(t0 - r.arrival for r in group)
         _tally(self.stats, "prefill_ms_by_n", len(group), self._prefill_last_s)
+        _tally(self.stats, "arrival_spread_ms_by_n", len(group), max(r.arrival for r in group) - min(r.arrival for r in group))
         if self.vision is not None:
             self.stats.update(self.vision.stats)
 

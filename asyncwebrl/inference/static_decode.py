@@ -316,13 +316,13 @@ class StaticDecoder:
         `last_tok[src[i]]` where src[i] >= 0, else ids[i]. Results as `step`'s, also in `out`."""
         n = len(ids)
         nb, lb = self.bucket(n, max(kv_pos) + 1)
-        pad = nb - n
         ints, temp = self._staging[self._staged % STAGING]
         self._staged += 1
-        ints[:, :nb] = torch.tensor([ids + [0] * pad, kv_pos + [0] * pad, rope_pos + [0] * pad, src + [-1] * pad])
-        temp[:nb] = torch.tensor(temps + [1.0] * pad, dtype=torch.float32)
-        self.ints[:, :nb].copy_(ints[:, :nb], non_blocking=True)
-        self.temps[:nb].copy_(temp[:nb], non_blocking=True)
+        a, t = ints.numpy(), temp.numpy()  # whole buffers are copied: a strided copy would be synchronous
+        a[0, :n], a[1, :n], a[2, :n], a[3, :n] = ids, kv_pos, rope_pos, src
+        a[:3, n:nb], a[3, n:nb], t[:n], t[n:nb] = 0, -1, temps, 1.0
+        self.ints.copy_(ints, non_blocking=True)
+        self.temps.copy_(temp, non_blocking=True)
         if not self.use_graphs:
             return self._forward(nb, lb)
         g = self.graphs.get((nb, lb))

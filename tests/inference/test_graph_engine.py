@@ -292,3 +292,38 @@ def test_placeholder_tokens_are_never_generated(engines):
         graph.decoder.banned = saved
     assert not set(again.output_ids) & set(first)
     assert all(lp > float("-inf") for lp in again.logprobs)
+
+
+def test_host_mrope_positions_equal_those_of_the_models_batched_forward(engines):
+    """The prefill's M-RoPE positions are computed per request on the host (models/mrope.py): they equal
+    what transformers computes inside a padded batch of an image prompt and a text prompt."""
+    from asyncwebrl.models.mrope import batch_positions
+
+    _, graph = engines
+    assert graph.stats["host_mrope"] == 1
+    prompts, img = _prompts(graph)
+    ad = graph.adapter
+    encs = [ad.encode_with_images_for_ids(p, [im] if im is not None else []) for p, im in prompts[:3]]
+    seen = {}
+    inner = graph.model.model
+    lm = graph.decoder.lm
+
+    def capture(**kw):
+        seen["pos"] = kw["position_ids"]
+        raise StopIteration
+
+    batch = ad.collate([p for p, _ in prompts[:3]], encs)
+    inner.rope_deltas = None
+    lm.forward = capture
+    try:
+        with pytest.raises(StopIteration), torch.no_grad():
+            inner(**batch, use_cache=False)
+    finally:
+        del lm.forward
+    ref = seen["pos"][-3:]  # newer transformers prepend the text positions as a 4th row
+    host = [graph.mrope(p, e) for (p, _), e in zip(prompts[:3], encs, strict=True)]
+    got = batch_positions([h[0] for h in host], ref.shape[-1])
+    for i, (p, _) in enumerate(prompts[:3]):
+        assert torch.equal(got[:, i, : len(p)], ref[:, i, : len(p)])
+    assert [h[1] for h in host] == [int(d) for d in inner.rope_deltas.reshape(3, -1)[:, 0]]
+    assert host[1][1] != 0  # the image prompt's delta is not the trivial one
