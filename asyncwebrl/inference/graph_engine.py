@@ -17,10 +17,10 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   rebound and then rebuilds the fused buffers and graphs;
 - prefill batching: with nothing running, waiting requests are prefilled at once (unless others are
   still being prepared: then up to `GATHER_S` is spent gathering them into the same prefill); with sequences
-  running, a prefill waits until the decode steps since the last prefill took `prefill_duty` times
-  that prefill's time (each prefill costs about the same whatever its size, so arrivals are grouped
-  and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of requests
-  left one decode step per ~150 ms);
+  running, a prefill of fewer requests than are running waits until the decode steps since the last
+  prefill took `prefill_duty` times that prefill's time (a prefill has a large fixed cost, so arrivals
+  are grouped and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of
+  requests left one decode step per ~150 ms); a group at least as large as the running batch goes at once;
 - Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py);
 - lean prefill: the model's own forward computes image features and M-RoPE positions, and the text
   decoder inside it is run by `StaticDecoder.prefill_text` (the compiled layer functions, KV written
@@ -58,10 +58,11 @@ from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 
-GATHER_S = 0.05
+GATHER_S = 0.15
 """with nothing running, a prefill waits up to this long (from its oldest request's arrival) while
 other requests are still inside prepare(): a closed loop's wave of 64 otherwise became a prefill of
-~14 then one of ~50 (measured on an H200: 169 + 258 ms instead of ~258)"""
+~14 then one of ~50 (measured on an H200: 169 + 258 ms instead of ~258); a wave of 64 screenshots
+landed over ~180 ms on an H200 host, and at 50 ms the split waves never lined up again"""
 LEAN_NOISE_FACTOR = 4.0
 """the lean prefill may be this many times farther from transformers' prefill than transformers' padded
 batch is from its own single-row forward"""
@@ -276,8 +277,11 @@ class GraphEngine(HFEngine):
                 free = self.max_batch_size - len(self._batch)
                 if free <= 0 or not self._waiting or self._paused:
                     return
-                if self._batch.reqs and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s:
-                    return  # decode first: prefills take at most prefill_duty/(1+prefill_duty) of the engine
+                running = len(self._batch.reqs)
+                if (running and len(self._waiting) < running
+                        and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s):
+                    return  # decode first: prefills of groups smaller than the running batch take at most
+                    # prefill_duty/(1+prefill_duty) of the engine; a larger group stalls fewer than it adds
                 if not self._batch.reqs and self.preparing and len(self._waiting) < free and not self._lock_waiters:
                     age = time.perf_counter() - self._waiting[0].arrival
                     if age < GATHER_S:  # a burst is landing: one prefill for it, not a small one and a big one

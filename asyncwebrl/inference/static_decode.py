@@ -225,12 +225,16 @@ class StaticDecoder:
         scale = float(getattr(rot, "attention_scaling", 1.0))
         cos, sin = (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
         mask = (self.span[None, :length] <= kv_pos[:, None])[:, None, None, :]
+        # row r, kv head j writes at flat row ((r * n_kv + j) * max_len + kv_pos[r]) of a layer's cache
+        # viewed as [-1, head_dim]: one index_copy_ per tensor (advanced indexing took several kernels)
+        flat = ((rows[:, None] * self.n_kv + self.rows[None, : self.n_kv]) * self.max_len + kv_pos[:, None]).reshape(-1)
+        hd = self.head_dim
         for i, layer in enumerate(lm.layers):
             f = self.fused[i]
             q, k, v = self._pre(h, cos, sin, layer.input_layernorm.weight, f["wqkv"], f["bqkv"])
             kc, vc = self.k[i], self.v[i]
-            kc[rows, :, kv_pos] = k
-            vc[rows, :, kv_pos] = v
+            kc.view(-1, hd).index_copy_(0, flat, k.reshape(-1, hd))
+            vc.view(-1, hd).index_copy_(0, flat, v.reshape(-1, hd))
             attn = F.scaled_dot_product_attention(q, kc[:n, :, :length], vc[:n, :, :length], attn_mask=mask,
                                                   scale=self.head_dim ** -0.5)
             h = self._post(h, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
