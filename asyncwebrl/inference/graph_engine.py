@@ -150,6 +150,8 @@ class GraphEngine(HFEngine):
     def exclusive(self, abort_all: bool = False, message: str = "aborted for a weight update") -> Iterator[None]:
         with super().exclusive(abort_all=abort_all, message=message):
             yield
+            if self.vision is not None and self.vision.aligned is not None:
+                self.vision.aligned.refresh()  # padded copies of the vision MLP weights
             dec = self.decoder
             if dec is not None and dec.weights_moved():
                 log.warning("parameters were rebound, not written in place: rebuilding fused weights and graphs")
@@ -317,6 +319,7 @@ class GraphEngine(HFEngine):
         self._settle()  # the step in flight is committed first (its rows may finish and be compacted)
         t0 = time.perf_counter()
         batch, qwen = self._prefill_inputs(group)
+        t_inputs = time.perf_counter()
         b = self._batch
         first = len(b.reqs)
         slots = list(range(first, first + len(group)))
@@ -339,6 +342,7 @@ class GraphEngine(HFEngine):
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
         temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
         tok, lp = sample_rows(logits, temps, dec.generator)
+        t_enqueued = time.perf_counter()
         if cache is not None:
             dec.write_prefill(slots, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
         b.reqs.extend(group)
@@ -353,6 +357,8 @@ class GraphEngine(HFEngine):
         self.stats["prefill_s"] += self._prefill_last_s
         self.stats["queue_s"] = self.stats.get("queue_s", 0.0) + sum(t0 - r.arrival for r in group)
         _tally(self.stats, "prefill_ms_by_n", len(group), self._prefill_last_s)
+        _tally(self.stats, "prefill_inputs_ms_by_n", len(group), t_inputs - t0)
+        _tally(self.stats, "prefill_enqueue_ms_by_n", len(group), t_enqueued - t_inputs)
         _tally(self.stats, "arrival_spread_ms_by_n", len(group), max(r.arrival for r in group) - min(r.arrival for r in group))
         if self.vision is not None:
             self.stats.update(self.vision.stats)
