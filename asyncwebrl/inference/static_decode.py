@@ -9,8 +9,11 @@ per-layer elementwise work may be fused by torch.compile (two small functions pe
 the batch). On a CPU (tests) the same code runs eagerly.
 
 Layout and invariants:
-- `k`, `v`: [layers, slots, kv_heads, max_len, head_dim]; slot i holds the KV of the scheduler's
-  i-th running sequence, rows [0, n) are live (the scheduler compacts with `move`);
+- `k`, `v`: [layers, slots + 1, kv_heads, max_len, head_dim]; slot i holds the KV of the scheduler's
+  i-th running sequence, rows [0, n) are live (the scheduler compacts with `move`); the last slot is
+  scratch (padded rows of a graphed prefill write there);
+- text prefills of up to PREFILL_GRAPH_ROWS prompts replay CUDA graphs per (rows, length) bucket,
+  captured on first use;
 - the q/k/v projections and the gate/up projections are views into fused buffers (one GEMM each):
   the modules' parameters keep their names and shapes, so a weight written in place (`copy_`, what
   weight sync and disk loads do) is what the next replay reads; `weights_moved()` says whether a
@@ -42,6 +45,13 @@ log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STAGING = 3
+PREFILL_GRAPH_ROWS = 8
+"""text prefills of at most this many prompts replay CUDA graphs per (rows bucket, length bucket): their
+time is host overhead (~20 ms eager for one 78-token prompt of a 3B decoder on an H200); larger ones
+are GPU-bound and run eagerly"""
+PREFILL_LEN_STEP = 32
+"""prefill graphs pad the prompt length to a multiple of this"""
+PREFILL_GRAPH_MAX_LEN = 2048
 """pinned input buffers in the ring (a buffer is refilled only after the step that read it was waited for)"""
 
 
@@ -106,6 +116,16 @@ class _Graph:
     logits: torch.Tensor
 
 
+@dataclass
+class _PrefillGraph:
+    graph: Any
+    x: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    idx: torch.Tensor
+    out: torch.Tensor
+
+
 class StaticDecoder:
     """Per-slot static KV cache + graph-captured decode steps (see module docstring)."""
 
@@ -138,7 +158,8 @@ class StaticDecoder:
                 b *= 2
             len_buckets.append(max_len)
         self.len_buckets = tuple(sorted(set(min(x, max_len) for x in len_buckets)))
-        shape = (self.n_layers, max_slots, self.n_kv, max_len, self.head_dim)
+        # one slot past max_slots: the scratch slot that padded rows of a prefill graph write into
+        shape = (self.n_layers, max_slots + 1, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         dev = self.device
@@ -164,6 +185,7 @@ class StaticDecoder:
             self._post = torch.compile(self._post, dynamic=True, fullgraph=True)
         self.compiled = compile_layers
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.prefill_graphs: dict[tuple[int, int], _PrefillGraph] = {}
         self._pool = None
         self.capture_s = 0.0
 
@@ -278,7 +300,18 @@ class StaticDecoder:
             cos = torch.cat([c[i % 3] for i, c in enumerate(cos.split(sec, dim=-1))], dim=-1)
             sin = torch.cat([c[i % 3] for i, c in enumerate(sin.split(sec, dim=-1))], dim=-1)
         cos, sin = cos.reshape(n * t, -1).to(self.dtype), sin.reshape(n * t, -1).to(self.dtype)
-        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        if self.use_graphs and n <= PREFILL_GRAPH_ROWS and t <= PREFILL_GRAPH_MAX_LEN:
+            h = self._prefill_replay(slots, x, cos, sin)
+        else:
+            h = self._prefill_layers(torch.tensor(slots, dtype=torch.long, device=self.device), x, cos, sin)
+        return BaseModelOutputWithPast(last_hidden_state=h)
+
+    def _prefill_layers(self, idx: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> torch.Tensor:
+        """The decoder layers over right-padded rows x [n, t, width] (row j's KV into slot idx[j]);
+        returns the final normed hidden states [n, t, width]."""
+        lm = self.lm
+        n, t, width = x.shape
         nq, nkv, hd = self.n_q, self.n_kv, self.head_dim
         h = x.reshape(n * t, width)
         for i, layer in enumerate(lm.layers):
@@ -292,8 +325,46 @@ class StaticDecoder:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=hd ** -0.5)
             h = self._post(h, attn.transpose(1, 2).reshape(n * t, nq * hd), layer.self_attn.o_proj.weight,
                            layer.post_attention_layernorm.weight, f["wgu"], layer.mlp.down_proj.weight)
-        h = rms_norm(h, lm.norm.weight, self.eps)
-        return BaseModelOutputWithPast(last_hidden_state=h.view(n, t, width))
+        return rms_norm(h, lm.norm.weight, self.eps).view(n, t, width)
+
+    def _prefill_replay(self, slots: list[int], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> torch.Tensor:
+        """`_prefill_layers` from the graph of (rows bucket, length bucket): inputs copied into its static
+        buffers (padded rows write their KV into the scratch slot; padded positions come after the real
+        ones of each row, so causal attention keeps them out of the real outputs)."""
+        n, t, width = x.shape
+        nb = next(b for b in self.batch_buckets if b >= n)
+        tb = -(-t // PREFILL_LEN_STEP) * PREFILL_LEN_STEP
+        g = self.prefill_graphs.get((nb, tb)) or self._capture_prefill(nb, tb, width)
+        g.x[:n, :t].copy_(x)
+        g.cos.view(nb, tb, -1)[:n, :t].copy_(cos.reshape(n, t, -1))
+        g.sin.view(nb, tb, -1)[:n, :t].copy_(sin.reshape(n, t, -1))
+        g.idx.copy_(torch.tensor(slots + [self.max_slots] * (nb - n), dtype=torch.long), non_blocking=True)
+        g.graph.replay()
+        return g.out[:n, :t].clone()
+
+    def _capture_prefill(self, nb: int, tb: int, width: int) -> _PrefillGraph:
+        t0 = time.perf_counter()
+        dev, hd = self.device, self.head_dim
+        x = torch.zeros((nb, tb, width), dtype=self.dtype, device=dev)
+        cos = torch.ones((nb * tb, hd), dtype=self.dtype, device=dev)
+        sin = torch.zeros((nb * tb, hd), dtype=self.dtype, device=dev)
+        idx = torch.full((nb,), self.max_slots, dtype=torch.long, device=dev)  # warm-up writes the scratch slot
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._prefill_layers(idx, x, cos, sin)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._prefill_layers(idx, x, cos, sin)
+        g = _PrefillGraph(graph, x, cos, sin, idx, out)
+        self.prefill_graphs[(nb, tb)] = g
+        self.capture_s += time.perf_counter() - t0
+        return g
 
     def _mrope_section(self) -> list[int]:
         cfg = self.lm.config
@@ -369,6 +440,7 @@ class StaticDecoder:
 
     def reset_graphs(self) -> None:
         self.graphs.clear()
+        self.prefill_graphs.clear()
         self._pool = None
 
     # ---- cache writes -----------------------------------------------------------------------------

@@ -274,6 +274,7 @@ def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qw
             assert a.output_ids == b.output_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
         assert graph.stats["steps_ahead"] > 0  # steps were launched before the host read the last token
+        assert graph.decoder.prefill_graphs  # the small prefills replayed graphs
     finally:
         for e in (plain, graph):
             e.stop()
