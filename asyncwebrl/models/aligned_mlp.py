@@ -8,8 +8,11 @@ GEMM), installed as the MLP module's `forward`.
 
 Invariants:
 - exact up to summation order: padded units have zero weights and zero bias, so they compute
-  act(0) * 0 = 0 and meet zero columns of the padded down projection; `install_aligned_mlps` keeps
-  them only where the tower's output stays within the given relative tolerance of the unpadded one;
+  act(0) * 0 = 0 and meet zero columns of the padded down projection, so only the GEMMs' summation
+  order changes; `install_aligned_mlps` keeps them only where the tower's output stays within
+  max(tol, NOISE_FACTOR x noise) of the unpadded one, noise being what the unpadded tower itself changes
+  by when the same image is encoded in a batch with another (other GEMM shapes, other rounding: what
+  batching a prefill changes anyway);
 - the modules' parameters are untouched (weight sync writes them by name): `refresh()` copies them
   into the padded buffers in place (so captured graphs see the new values) and must follow any weight
   write; the engine calls it whenever exclusive model access ends;
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 ALIGN = 64
+NOISE_FACTOR = 4.0
 
 
 def _padded(n: int) -> int:
@@ -54,6 +58,8 @@ class AlignedMLPs:
         self.refresh()
         self.rel_diff = 0.0
         """relative difference of the tower's output from the unpadded one, measured at install"""
+        self.noise = 0.0
+        """the unpadded tower's own batch-vs-alone relative difference, measured at install"""
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -85,9 +91,11 @@ def _make_forward(b: dict[str, torch.Tensor | None], pad: int) -> Callable[..., 
     return forward
 
 
-def install_aligned_mlps(blocks: Any, run: Callable[[], torch.Tensor], tol: float) -> AlignedMLPs | None:
+def install_aligned_mlps(blocks: Any, run: Callable[[], torch.Tensor], tol: float,
+                         noise: Callable[[], float] | None = None) -> AlignedMLPs | None:
     """Pad the MLPs of `blocks` where their width is unaligned and `run()` (the tower on a test input)
-    stays within relative `tol` of its unpadded output; None otherwise (nothing changed)."""
+    stays within max(tol, NOISE_FACTOR x noise()) of its unpadded output (noise() measured before the
+    padding: see the module docstring); None otherwise (nothing changed)."""
     mlps = [blk.mlp for blk in blocks]
     try:
         m0 = mlps[0]
@@ -96,6 +104,7 @@ def install_aligned_mlps(blocks: Any, run: Callable[[], torch.Tensor], tol: floa
         if int(m0.gate_proj.weight.shape[0]) % 8 == 0:
             return None
         ref = run().float()
+        yardstick = noise() if noise is not None else 0.0
         aligned = AlignedMLPs(mlps)
         aligned.install()
     except Exception:
@@ -107,9 +116,10 @@ def install_aligned_mlps(blocks: Any, run: Callable[[], torch.Tensor], tol: floa
     except Exception:
         log.warning("aligned vision MLPs failed their check", exc_info=True)
         rel = float("inf")
-    if not rel <= tol:
+    limit = max(tol, NOISE_FACTOR * yardstick)
+    if not rel <= limit:
         aligned.uninstall()
-        log.warning("aligned vision MLPs differ from the modules' (relative %.2e); not used", rel)
+        log.warning("aligned vision MLPs differ from the modules' (relative %.2e, limit %.2e); not used", rel, limit)
         return None
-    aligned.rel_diff = rel
+    aligned.rel_diff, aligned.noise = rel, yardstick
     return aligned

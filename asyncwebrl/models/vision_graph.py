@@ -344,9 +344,18 @@ def install(model: torch.nn.Module, *, use_graphs: bool, max_images: int) -> Vis
     test = torch.randn((4 * m * 6 * m, width), generator=torch.Generator(device=runner.device).manual_seed(1),
                        device=runner.device).to(runner.dtype)
     lay = runner.layout(((1, 4 * m, 6 * m),))
-    runner.aligned = install_aligned_mlps(visual.blocks, lambda: runner.forward(test, lay)[1], tol)
+    other = torch.randn((4 * m * 4 * m, width), generator=torch.Generator(device=runner.device).manual_seed(2),
+                        device=runner.device).to(runner.dtype)
+    pair = runner.layout(((1, 4 * m, 6 * m), (1, 4 * m, 4 * m)))
+
+    def batch_noise() -> float:  # the test image alone against the same image batched with another
+        alone = runner.forward(test, lay)[1].float()
+        together = runner.forward(torch.cat([test, other]), pair)[1][: alone.shape[0]].float()
+        return float((together - alone).norm() / alone.norm().clamp_min(1e-12))
+
+    runner.aligned = install_aligned_mlps(visual.blocks, lambda: runner.forward(test, lay)[1], tol, batch_noise)
     if runner.aligned is not None:
-        runner.stats["aligned_mlp_rel_diff"] = runner.aligned.rel_diff
+        runner.stats.update(aligned_mlp_rel_diff=runner.aligned.rel_diff, vision_batch_noise=runner.aligned.noise)
     visual._awrl_orig_forward = original
     visual.forward = types.MethodType(lambda self, *a, **kw: runner(*a, **kw), visual)
     return runner
