@@ -7,6 +7,7 @@ into dataclasses field by field; a missing field is a KeyError, never a silent z
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -109,8 +110,11 @@ class ArmResult:
         return d
 
 
-def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1) -> ArmResult:
-    """Train one arm with the default config plus `overrides` (no bench/results write of its own)."""
+def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1, keep_checkpoints: bool = False) -> ArmResult:
+    """Train one arm with the default config plus `overrides` (no bench/results write of its own).
+    Once its figures are read the arm's checkpoints are deleted unless `keep_checkpoints` (each holds
+    weights and optimizer state, ~1.6 GB for the default model: a 4-arm benchmark would leave ~20 GB in
+    the file root); metrics.jsonl, the timeline and the config stay."""
     from asyncwebrl.config import load_run_config
     from asyncwebrl.controller.main import run_training
     from asyncwebrl.controller.rundir import read_jsonl
@@ -123,6 +127,8 @@ def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1) -> Ar
     root = Path(cfg.run_dir)
     recs = read_jsonl(root / "metrics.jsonl")
     evals = sorted((EvalRow.from_record(r) for r in recs if r.get("kind") == "eval"), key=lambda e: e.version)
+    if not keep_checkpoints:
+        shutil.rmtree(root / "checkpoints", ignore_errors=True)
     return ArmResult(name=name, seed=seed, overrides=ovs, run_dir=str(root), wall_s=summary.wall_time_s,
                      setup_s=summary.setup_s,
                      steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -112,6 +113,10 @@ class Controller:
         """every step's record, in order (benchmarks read them by attribute)"""
         self.step_hooks: list[Any] = []
         """callables hook(controller) run at the start of every step (fault injection, probes)"""
+        self._evals: queue.SimpleQueue = queue.SimpleQueue()
+        """evaluation figures from the test-rollout thread, folded into the curriculum's priors"""
+        if system.test_rollout is not None and cfg.env.task_sampling.prior == "eval":
+            system.test_rollout.subscribe(self._evals.put)
 
     # ---- resume -------------------------------------------------------------------------------
     def maybe_resume(self, ckpt: Path | None) -> None:
@@ -168,6 +173,21 @@ class Controller:
         if self.curriculum.adaptive:
             self.sys.rollout.set_task_weights(self.curriculum.weights())
 
+    def _fold_evals(self, wait_s: float = 0.0) -> bool:
+        """Fold the evaluations that arrived into the curriculum's priors (waiting up to `wait_s` for
+        the first); True when one was folded in."""
+        folded = False
+        timeout = wait_s
+        while True:
+            try:
+                figs = self._evals.get(timeout=timeout) if timeout > 0 else self._evals.get_nowait()
+            except queue.Empty:
+                return folded
+            timeout = 0.0
+            n = self.curriculum.observe_eval(figs.get("per_task") or {})
+            folded = folded or n > 0
+            log.info("curriculum: priors of %d tasks from the evaluation of version %s", n, figs.get("version"))
+
     def _keep_episodes(self, groups) -> None:
         store = self.sys.pixel_store
         for g in groups:
@@ -203,6 +223,7 @@ class Controller:
         run.log_phase(st.step, "rollout_wait", t0, t1)
         self._track_ids(groups)
         figs = batch_figures(groups)
+        self._fold_evals()
         zero_adv = self.curriculum.observe(groups)  # the consumed groups flow back into task sampling
         self.zero_adv_groups += zero_adv
         self._push_task_weights()
@@ -280,6 +301,15 @@ class Controller:
             # version 0 on disk, so evaluation has the starting point to compare every later version with
             self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(), cfg.checkpoint.keep_last,
                                                  background=True)
+        ts = cfg.env.task_sampling
+        if (self.curriculum.adaptive and ts.prior == "eval" and ts.prior_wait_s > 0 and resume_from is None
+                and self.sys.test_rollout is not None):
+            # the curriculum's first choice from the evaluation of version 0 rather than blind: the
+            # evaluation has the machine to itself for a minute, then rollout starts informed
+            self.sys.start_test_rollout()
+            t0 = time.monotonic()
+            got = self._fold_evals(wait_s=ts.prior_wait_s)
+            self.run.log_metrics("curriculum_prior", 0, {"wait_s": time.monotonic() - t0, "folded": float(got)})
         self.sys.start_rollout()
         self._push_task_weights()  # after start: a Ray worker answers calls once it is constructed
         bar = None

@@ -93,14 +93,19 @@ class System:
     version: PolicyVersion = field(default_factory=PolicyVersion)
     """the weight version's one owner (see the module docstring)"""
     _rollout_started: bool = False
+    _test_started: bool = False
     _to_close: list[Any] = field(default_factory=list)
+
+    def start_test_rollout(self) -> None:
+        if self.test_rollout is not None and not self._test_started:
+            self.test_rollout.start()
+            self._test_started = True
 
     def start_rollout(self) -> None:
         if not self._rollout_started:
             self.rollout.start()
             self._rollout_started = True
-        if self.test_rollout is not None:
-            self.test_rollout.start()
+        self.start_test_rollout()
 
     def task_sampler_state(self) -> dict[str, int]:
         return self.task_factory.state() if self.task_factory else {}

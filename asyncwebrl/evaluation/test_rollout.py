@@ -61,6 +61,12 @@ class TestRolloutManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_new = time.monotonic()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Also hand every evaluation's figures to `listener` (called on the evaluation thread, after
+        `on_result`; it must be quick and thread-safe, e.g. a queue's put)."""
+        self._listeners.append(listener)
 
     # ---- what the trainer sees ----------------------------------------------------------------
     @property
@@ -130,6 +136,8 @@ class TestRolloutManager:
                 figures["checkpoint"] = ckpt.name
                 figures["eval_time_s"] = time.monotonic() - t0
                 self.on_result(figures)
+                for listener in self._listeners:
+                    listener(figures)
             except Exception as e:
                 # the checkpoint may have been pruned under us, or the server restarted: count, go on
                 self.failures += 1

@@ -9,9 +9,18 @@ which the controller pushes down to the task samplers of the rollout workers
 
     priority_i = p_i (1 - p_i)           if eps <= p_i <= 1 - eps    (the productive zone)
                = 0                       otherwise
-               = 1/4 (the maximum)       while task i has fewer than `min_groups` observed groups
+               = the same of the prior   while task i has fewer than `min_groups` observed groups
+               = 1/4 (the maximum)       ... and no prior either
     share_i    = floor / N + (1 - floor) * priority_i / sum_j priority_j
                = 1 / N                   when every priority is 0
+
+The prior (`prior=eval`): the test-rollout group evaluates the starting checkpoint greedily on the
+training tasks anyway; the controller hands each evaluation's per-task success to `observe_eval`. It
+stands in for a task's estimate until the task has `min_groups` consumed groups, and the EMA starts
+from it (p_1 = (1 - alpha) prior + alpha rate_1) instead of from the first group alone. Without it the
+first visit to every task is spent measuring what the evaluation already knows: with 9 tasks and 2
+groups a step, the first ~5 steps. Later evaluations (of older checkpoints than the groups the trainer
+consumes) only replace the prior of tasks not yet observed.
 
 Invariants: every task keeps a share of at least floor / N (no task starves, and a task whose
 success drifts back into the zone is seen again); a task never observed has the highest priority
@@ -59,6 +68,8 @@ class TaskStat:
     """consumed groups of this task"""
     zero_adv_groups: int = 0
     """consumed groups whose advantages were all zero"""
+    prior: float | None = None
+    """success in the greedy evaluation (prior=eval); None: none arrived"""
 
 
 @dataclass
@@ -74,13 +85,16 @@ class CurriculumRecord:
     """consumed groups per task so far"""
     in_zone: int = 0
     """tasks whose EMA success lies in the productive zone [eps, 1 - eps]"""
+    prior: dict[str, float] = field(default_factory=dict)
+    """evaluation prior per task (prior=eval; only the tasks that got one)"""
 
     def flat(self) -> dict[str, float]:
-        """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>."""
+        """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>, prior.<task>."""
         out: dict[str, float] = {"in_zone": float(self.in_zone)}
         for t, v in self.success.items():
             if v is not None:
                 out[f"success.{t}"] = v
+        out.update({f"prior.{t}": v for t, v in self.prior.items()})
         out.update({f"share.{t}": v for t, v in self.share.items()})
         out.update({f"groups.{t}": float(v) for t, v in self.groups.items()})
         return out
@@ -111,19 +125,38 @@ class TaskCurriculum:
             if rate is None:
                 continue
             st = self.stats.setdefault(task_family(g.task_id), TaskStat())
-            st.success_ema = rate if st.success_ema is None else (1 - a) * st.success_ema + a * rate
+            start = st.success_ema if st.success_ema is not None else st.prior
+            st.success_ema = rate if start is None else (1 - a) * start + a * rate
             st.groups += 1
             if zero_advantage(g):
                 st.zero_adv_groups += 1
                 zero += 1
         return zero
 
+    def observe_eval(self, per_task: dict[str, float]) -> int:
+        """Fold one evaluation's per-task greedy success in as the prior of the tasks that have no
+        consumed group yet (prior=eval; a no-op with prior=none). Returns how many priors were set."""
+        if self.cfg.prior != "eval":
+            return 0
+        n = 0
+        for task, rate in per_task.items():
+            st = self.stats.get(task_family(task))
+            if st is None or st.groups > 0 or rate is None:
+                continue  # not a training task, or its own groups already speak for it
+            st.prior = min(1.0, max(0.0, float(rate)))
+            n += 1
+        return n
+
     # ---- what the samplers get ------------------------------------------------------------------
     def priority(self, task: str) -> float:
         st = self.stats.get(task) or TaskStat()
-        if st.success_ema is None or st.groups < self.cfg.min_groups:
+        if st.success_ema is not None and st.groups >= self.cfg.min_groups:
+            p = st.success_ema
+        elif st.prior is not None:  # the EMA, if any, started from the prior
+            p = st.success_ema if st.success_ema is not None else st.prior
+        else:
             return 0.25
-        p, eps = st.success_ema, self.cfg.epsilon
+        eps = self.cfg.epsilon
         return p * (1 - p) if eps <= p <= 1 - eps else 0.0
 
     def shares(self) -> dict[str, float]:
@@ -151,12 +184,14 @@ class TaskCurriculum:
             share=self.shares(),
             groups={t: self.stats[t].groups if t in self.stats else 0 for t in self.tasks},
             in_zone=sum(1 for v in success.values() if v is not None and eps <= v <= 1 - eps),
+            prior={t: st.prior for t, st in self.stats.items() if st.prior is not None},
         )
 
     # ---- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"mode": self.cfg.mode,
-                "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups}
+                "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups,
+                              "prior": s.prior}
                           for t, s in self.stats.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -165,4 +200,4 @@ class TaskCurriculum:
             raise ValueError(f"curriculum state has no 'tasks' mapping: {state!r:.200}")
         for t, s in tasks.items():
             self.stats[t] = TaskStat(success_ema=s.get("success_ema"), groups=int(s.get("groups", 0)),
-                                     zero_adv_groups=int(s.get("zero_adv_groups", 0)))
+                                     zero_adv_groups=int(s.get("zero_adv_groups", 0)), prior=s.get("prior"))

@@ -78,6 +78,7 @@ async def run_episode(
         t = time.monotonic()
         obs = await env.reset(task)
         env_s += time.monotonic() - t
+        traj.info["instruction"] = obs.instruction  # the goal as the model read it (the episode viewer shows it)
         for _ in range(max_steps):
             if window_k > 0:
                 key = await _store_call(store.put, obs.screenshot) if use_store else None

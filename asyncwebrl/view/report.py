@@ -86,16 +86,18 @@ def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...], table_id: str = "
 
 
 def _task_sampling(d: RunData) -> str:
-    """Per-task success EMA, sampling share and consumed groups at the last step (kind=curriculum)."""
+    """Per-task success EMA, sampling share, consumed groups and the evaluation prior (if any) at the
+    last step (kind=curriculum)."""
     if not d.curriculum:
         return ""
     last = d.curriculum[-1]
     tasks = sorted({k.split(".", 1)[1] for k in last if "." in k and k.split(".", 1)[0] in ("share", "success")})
-    rows = [(t, last.get(f"success.{t}", "not seen"), last.get(f"share.{t}"), last.get(f"groups.{t}"))
-            for t in tasks]
+    rows = [(t, last.get(f"success.{t}", "not seen"), last.get(f"share.{t}"), last.get(f"groups.{t}"),
+             last.get(f"prior.{t}", "none")) for t in tasks]
     mode = (d.summary or {}).get("task_sampling", "")
     head = f"<h3>Task sampling{' (' + _esc(mode) + ')' if mode else ''} at step {_esc(last.get('step', '?'))}</h3>"
-    return head + _table(rows, ("task", "success (EMA)", "sampling share", "groups consumed"), "task-sampling")
+    return head + _table(rows, ("task", "success (EMA)", "sampling share", "groups consumed", "prior (eval v0)"),
+                         "task-sampling")
 
 
 def _overview(d: RunData) -> str:

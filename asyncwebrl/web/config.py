@@ -20,7 +20,14 @@ class TaskSamplingConfig:
     floor: float = 0.2
     """exploration share spread evenly over all tasks, so no task starves"""
     min_groups: int = 1
-    """consumed groups a task needs before its own estimate counts (before: top priority)"""
+    """consumed groups a task needs before its own estimate counts (before: its prior, else top priority)"""
+    prior: Literal["none", "eval"] = "eval"
+    """where a task's estimate starts: "eval" = its greedy success in the test-rollout evaluation of the
+    starting checkpoint (needs test_rollout.enabled; the task EMA starts there, and it stands in for the
+    task's own estimate until min_groups groups are consumed); "none" = unknown, top priority until seen"""
+    prior_wait_s: float = 300.0
+    """adaptive + prior=eval, fresh run: rollout starts after that first evaluation, or after this many
+    seconds (0 = start at once and fold the prior in when it arrives)"""
 
     def validate(self) -> None:
         if not 0 <= self.epsilon < 0.5:
@@ -31,6 +38,10 @@ class TaskSamplingConfig:
             raise ValueError("env.task_sampling.floor must be in (0, 1] (0 would let a task starve)")
         if self.min_groups < 0:
             raise ValueError("env.task_sampling.min_groups must be >= 0")
+        if self.prior not in ("none", "eval"):
+            raise ValueError(f"env.task_sampling.prior must be 'none' or 'eval', got {self.prior!r}")
+        if self.prior_wait_s < 0:
+            raise ValueError("env.task_sampling.prior_wait_s must be >= 0")
 
 
 @dataclass(kw_only=True)

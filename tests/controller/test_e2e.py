@@ -63,6 +63,13 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         trained = {g for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "curriculum"
                    for g in r if g.startswith("groups.") and r[g] > 0}
         assert trained and trained <= {"groups.miniwob/click-test", "groups.miniwob/click-button"}
+        # adaptive sampling started from the evaluation of version 0 (its only evaluated task has a prior)
+        prior = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "curriculum_prior"]
+        assert len(prior) == 1 and prior[0]["folded"] == 1.0
+        v0 = next(r for r in evals if r["version"] == 0)
+        cur = [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "curriculum"]
+        assert cur[0]["prior.miniwob/click-test"] == v0["per_task"]["miniwob/click-test"]
+        assert "prior.miniwob/click-button" not in cur[0]
 
         # nothing lost, nothing duplicated
         stats = system.rollout.stats()
@@ -83,6 +90,8 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         # the viewer sample of episodes holds real screenshots
         kept = read_jsonl(run.root / "episodes" / "index.jsonl")
         assert kept and (run.root / kept[0]["dir"] / "step_0.png").stat().st_size > 100
+        # ... and the goal the model read (the viewer shows it above the steps)
+        assert json.loads((run.root / kept[0]["dir"] / "episode.json").read_text())["instruction"].startswith("Click")
     finally:
         system.shutdown()
         run.close()

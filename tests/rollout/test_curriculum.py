@@ -80,6 +80,32 @@ def test_zero_advantage_groups_are_counted():
     assert zero_advantage(_group("x#1", [False, False])) and not zero_advantage(_group("x#1", [True, False]))
 
 
+def test_an_evaluation_prior_steers_the_first_choice_and_seeds_the_ema():
+    tasks = ["miniwob/solved", "miniwob/half", "miniwob/never"]
+    cur = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3))
+    assert len(set(cur.shares().values())) == 1  # nothing known: uniform
+    assert cur.observe_eval({"miniwob/solved": 1.0, "miniwob/half": 0.5, "miniwob/never": 0.0, "miniwob/other": 0.5}) == 3
+    share = cur.shares()
+    # before any group is consumed the productive task already gets nearly everything
+    assert share["miniwob/half"] == pytest.approx(0.2 / 3 + 0.8)
+    assert share["miniwob/solved"] == pytest.approx(0.2 / 3) == share["miniwob/never"]
+    assert cur.record().prior == {"miniwob/solved": 1.0, "miniwob/half": 0.5, "miniwob/never": 0.0}
+    # the EMA starts from the prior, not from the first group alone
+    cur.observe([_group("miniwob/never#3", [True, False, False, False])])
+    assert cur.stats["miniwob/never"].success_ema == pytest.approx(0.7 * 0.0 + 0.3 * 0.25)
+    # a later evaluation (of an older checkpoint than the trainer's groups) does not override them
+    cur.observe_eval({"miniwob/never": 1.0, "miniwob/solved": 0.5})
+    assert cur.stats["miniwob/never"].success_ema == pytest.approx(0.075)
+    assert cur.stats["miniwob/solved"].prior == 0.5
+    # the prior survives a checkpoint
+    back = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3))
+    back.load_state_dict(cur.state_dict())
+    assert back.shares() == cur.shares()
+    # prior=none: the evaluation is ignored, unseen tasks keep top priority
+    blind = TaskCurriculum(tasks, _adaptive(prior="none"))
+    assert blind.observe_eval({"miniwob/solved": 1.0}) == 0 and len(set(blind.shares().values())) == 1
+
+
 def test_state_round_trips_through_a_checkpoint_dict():
     import json
 

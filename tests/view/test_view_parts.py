@@ -177,6 +177,7 @@ def test_report_shows_task_sampling_and_heldout_per_task(tmp_path):
 
     cur = TaskCurriculum(["miniwob/click-test", "miniwob/click-button"], TaskSamplingConfig(mode="adaptive"))
     steps = [StepSample(prompt_ids=[1], output_ids=[2], behave_logprobs=[-0.1], versions=[0])]
+    cur.observe_eval({"miniwob/click-test": 0.75})
     cur.observe([RolloutGroup("g1", "miniwob/click-button#3", [
         Trajectory(f"t{i}", "miniwob/click-button#3", steps, reward=float(i % 2), success=bool(i % 2)) for i in range(4)])])
     rd = RunDir(tmp_path, keep_episodes=0, tensorboard=False)
@@ -187,5 +188,7 @@ def test_report_shows_task_sampling_and_heldout_per_task(tmp_path):
     html = build_report(tmp_path).index.read_text()
     table = html.split('id="task-sampling"')[1].split("</table>")[0]
     assert "miniwob/click-button" in table and "0.5" in table and "not seen" in table  # click-test unobserved
+    row = table.split("miniwob/click-test")[1].split("</tr>")[0]
+    assert "0.75" in row  # ... but its evaluation prior is shown
     held = html.split('id="eval-heldout"')[1].split("</table>")[0]
     assert "miniwob/click-link" in held and "0.25" in held
