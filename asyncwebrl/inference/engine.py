@@ -88,6 +88,14 @@ class EngineRequest:
     arrival: float = field(default_factory=time.perf_counter)
     stop_cut: int | None = None
     """character offset where a matched stop string begins in the decoded text"""
+    dev_row: int | None = None
+    """GraphEngine: the row of the device's last sampled tokens that holds this request's newest token
+    (None: the host's output_ids[-1] is the next input); see inference/decode_pipeline.py"""
+    in_flight: int = 0
+    """GraphEngine: decode steps launched for this request whose tokens the host has not read yet"""
+    mrope: tuple[torch.Tensor, int] | None = None
+    """GraphEngine: the prompt's M-RoPE position ids [3, L] and rope delta, computed on the host
+    (models/mrope.py); None: the model computes them in the prefill"""
 
 
 class _RunningBatch:
@@ -281,7 +289,7 @@ class HFEngine:
         with self._cond:
             self._paused = True
         with self.lock:
-            pass
+            self._settle()
 
     def resume(self) -> None:
         with self._cond:
@@ -299,11 +307,16 @@ class HFEngine:
             self._lock_waiters += 1
         try:
             with self.lock:
+                self._settle()
                 yield
         finally:
             with self._cond:
                 self._lock_waiters -= 1
                 self._cond.notify_all()
+
+    def _settle(self) -> None:
+        """Called with the model lock held by anyone but the engine loop, before they use the model:
+        finish work the loop left in flight (nothing here; GraphEngine reads its launched step)."""
 
     def abort(self, rid: str | None = None, abort_all: bool = False, message: str = "aborted") -> int:
         """End matching queued/running requests with finish_reason abort; returns how many."""

@@ -7,7 +7,9 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   token sampled from the hidden state of its last prompt token;
 - decode: one `StaticDecoder` step for all running sequences (CUDA graphs on a GPU), requests join
   after any step and leave at once (continuous batching); the live rows stay in slots [0, n): a
-  finished row's slot is filled by the last live row (its KV prefix copied);
+  finished row's slot is filled by the last live row (its KV prefix copied); step k+1 is launched
+  before the host reads step k's tokens (inference/decode_pipeline.py states that path's invariants);
+  a prefill first commits the step in flight;
 - sampling happens on the device (Gumbel-max at the request's temperature); a request with top-k,
   top-p, min-p or an EOS ban (min_new_tokens) is sampled from its logits row on the CPU by the
   plain engine's sampler, so behaviour is the same as `HFEngine`'s;
@@ -15,10 +17,10 @@ weight access, stop rules, delivery) and replaces how tokens are produced:
   rebound and then rebuilds the fused buffers and graphs;
 - prefill batching: with nothing running, waiting requests are prefilled at once (unless others are
   still being prepared: then up to `GATHER_S` is spent gathering them into the same prefill); with sequences
-  running, a prefill waits until the decode steps since the last prefill took `prefill_duty` times
-  that prefill's time (each prefill costs about the same whatever its size, so arrivals are grouped
-  and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of requests
-  left one decode step per ~150 ms);
+  running, a prefill of fewer requests than are running waits until the decode steps since the last
+  prefill took `prefill_duty` times that prefill's time (a prefill has a large fixed cost, so arrivals
+  are grouped and decoding is never starved: measured on an H200, back-to-back prefills of a trickle of
+  requests left one decode step per ~150 ms); a group at least as large as the running batch goes at once;
 - Qwen2.5-VL vision attention runs all windows of a prefill in one SDPA (models/vision_attention.py);
 - lean prefill: the model's own forward computes image features and M-RoPE positions, and the text
   decoder inside it is run by `StaticDecoder.prefill_text` (the compiled layer functions, KV written
@@ -45,8 +47,10 @@ from typing import Any
 
 import torch
 
+from asyncwebrl.inference.decode_pipeline import DecodePipeline, StepRecord
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
+from asyncwebrl.models.mrope import MRopeIndex, batch_positions
 from asyncwebrl.models.vision_attention import batch_vision_attention
 from asyncwebrl.models.vision_graph import VisionRunner, install
 from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
@@ -54,10 +58,11 @@ from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
 
-GATHER_S = 0.05
+GATHER_S = 0.15
 """with nothing running, a prefill waits up to this long (from its oldest request's arrival) while
 other requests are still inside prepare(): a closed loop's wave of 64 otherwise became a prefill of
-~14 then one of ~50 (measured on an H200: 169 + 258 ms instead of ~258)"""
+~14 then one of ~50 (measured on an H200: 169 + 258 ms instead of ~258); a wave of 64 screenshots
+landed over ~180 ms on an H200 host, and at 50 ms the split waves never lined up again"""
 LEAN_NOISE_FACTOR = 4.0
 """the lean prefill may be this many times farther from transformers' prefill than transformers' padded
 batch is from its own single-row forward"""
@@ -84,6 +89,7 @@ class GraphEngine(HFEngine):
         self._prefill_last_s = 0.0
         self.lean_prefill = lean_prefill
         self.decoder: StaticDecoder | None = None
+        self.pipe: DecodePipeline | None = None
         self.vision: VisionRunner | None = None
         reason = supported(self.model)
         if reason:
@@ -94,10 +100,12 @@ class GraphEngine(HFEngine):
             use_graphs=on_gpu if use_graphs is None else use_graphs,
             compile_layers=on_gpu if compile_layers is None else compile_layers,
             generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
+        self.pipe = DecodePipeline(self.decoder)
+        self.mrope = MRopeIndex(self.model.model, self.adapter.image_token_id) if self.family == QWEN2VL else None
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
-                           "decode_s": 0.0, "batched_vision_attention": batch_vision_attention(self.model)})
+                           "decode_s": 0.0, "steps_ahead": 0, "batched_vision_attention": batch_vision_attention(self.model)})
         self.vision = install(
             self.model, use_graphs=on_gpu if use_graphs is None else use_graphs, max_images=self.max_batch_size)
         self.stats["static_vision"] = int(self.vision is not None)
@@ -110,6 +118,7 @@ class GraphEngine(HFEngine):
                     with self.vision.eager() if self.vision is not None else contextlib.nullcontext():
                         self.lean_prefill = self._check_lean_prefill()
                 self.stats["lean_prefill"] = int(self.lean_prefill)
+                self.stats["host_mrope"] = int(self.mrope is not None and self.mrope.available)
                 self._capture()
         super().start()
 
@@ -132,6 +141,8 @@ class GraphEngine(HFEngine):
             dec.reset_graphs()
             n = dec.capture_all()
         self.stats.update(graphs=n, capture_s=round(dec.capture_s, 2), compiled=int(dec.compiled))
+        for r in self._batch.reqs:  # capturing overwrote the device's last sampled tokens
+            r.dev_row = None
         if n:
             log.info("captured %d decode graphs in %.1f s (compiled layers: %s)", n, dec.capture_s, dec.compiled)
 
@@ -139,6 +150,8 @@ class GraphEngine(HFEngine):
     def exclusive(self, abort_all: bool = False, message: str = "aborted for a weight update") -> Iterator[None]:
         with super().exclusive(abort_all=abort_all, message=message):
             yield
+            if self.vision is not None and self.vision.aligned is not None:
+                self.vision.aligned.refresh()  # padded copies of the vision MLP weights
             dec = self.decoder
             if dec is not None and dec.weights_moved():
                 log.warning("parameters were rebound, not written in place: rebuilding fused weights and graphs")
@@ -148,13 +161,28 @@ class GraphEngine(HFEngine):
                     self.vision.reset()
                 self._capture()
 
-    def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int]) -> Any:
-        """The model's own prefill (image features, M-RoPE positions, rope deltas) with the text decoder
-        run by `StaticDecoder.prefill_text` (KV straight into `slots`)."""
+    def _prepare(self, req: Any, on_done: Any, on_token: Any = None) -> EngineRequest:
+        t0 = time.perf_counter()
+        r = super()._prepare(req, on_done, on_token)
+        if self.lean_prefill and self.mrope is not None and self.mrope.available:
+            try:
+                r.mrope = self.mrope(r.input_ids, r.images)
+            except Exception as e:  # the model computes them in the prefill instead
+                log.warning("host M-RoPE positions failed (%s: %s); the model computes them", type(e).__name__, e)
+                self.mrope.reason = f"{type(e).__name__}: {e}"
+        _tally(self.stats, "prepare_ms_by_n", 1, time.perf_counter() - t0)
+        return r
+
+    def _lean_forward(self, batch: dict[str, torch.Tensor], slots: list[int],
+                      positions: torch.Tensor | None = None) -> Any:
+        """The model's own prefill (image features, M-RoPE positions, rope deltas; positions given where
+        computed on the host) with the text decoder run by `StaticDecoder.prefill_text` (KV into `slots`)."""
         dec = self.decoder
         assert dec is not None
         lm = dec.lm
         lm.forward = functools.partial(dec.prefill_text, slots)
+        if positions is not None:
+            batch = {**batch, "position_ids": positions}
         try:
             return self.model.model(**batch, use_cache=False)
         finally:
@@ -196,7 +224,11 @@ class GraphEngine(HFEngine):
             ref, cache = self._hf_forward(inputs([0, 1]))
             alone = [self._hf_forward(inputs([i]))[0][0] for i in range(len(encs))]
             self._reset_rope_deltas()
-            got = self._lean_forward(inputs([0, 1]), [0, 1]).last_hidden_state
+            pos = None
+            if self.mrope is not None and self.mrope.available:  # checked here too: the prefill uses them
+                pos = batch_positions([self.mrope(e.input_ids, e.images)[0] for e in encs], max(lens))
+                pos = pos.to(self.device)
+            got = self._lean_forward(inputs([0, 1]), [0, 1], pos).last_hidden_state
             kv0 = max(max(dist(dec.k[0, i, :, :n], cache.layers[0].keys[i, :, :n]),
                           dist(dec.v[0, i, :, :n], cache.layers[0].values[i, :, :n])) for i, n in enumerate(lens))
         except Exception:
@@ -247,8 +279,11 @@ class GraphEngine(HFEngine):
                 free = self.max_batch_size - len(self._batch)
                 if free <= 0 or not self._waiting or self._paused:
                     return
-                if self._batch.reqs and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s:
-                    return  # decode first: prefills take at most prefill_duty/(1+prefill_duty) of the engine
+                running = len(self._batch.reqs)
+                if (running and len(self._waiting) < running
+                        and time.perf_counter() - self._prefill_end < self.prefill_duty * self._prefill_last_s):
+                    return  # decode first: prefills of groups smaller than the running batch take at most
+                    # prefill_duty/(1+prefill_duty) of the engine; a larger group stalls fewer than it adds
                 if not self._batch.reqs and self.preparing and len(self._waiting) < free and not self._lock_waiters:
                     age = time.perf_counter() - self._waiting[0].arrival
                     if age < GATHER_S:  # a burst is landing: one prefill for it, not a small one and a big one
@@ -281,14 +316,19 @@ class GraphEngine(HFEngine):
 
         dec = self.decoder
         assert dec is not None
+        self._settle()  # the step in flight is committed first (its rows may finish and be compacted)
         t0 = time.perf_counter()
         batch, qwen = self._prefill_inputs(group)
+        t_inputs = time.perf_counter()
         b = self._batch
         first = len(b.reqs)
         slots = list(range(first, first + len(group)))
         cache = None
+        pos = None
+        if self.lean_prefill and all(r.mrope is not None for r in group):
+            pos = batch_positions([r.mrope[0] for r in group], batch["input_ids"].shape[1]).to(self.device)
         if self.lean_prefill:
-            out = self._lean_forward(batch, slots)
+            out = self._lean_forward(batch, slots, pos)
         else:
             cache = DynamicCache()
             out = self.model.model(**batch, **{self._inner_cache_kw: cache}, use_cache=True)
@@ -296,10 +336,13 @@ class GraphEngine(HFEngine):
         last = out.last_hidden_state[torch.arange(len(group), device=self.device), lens - 1]
         logits = dec.mask_banned(self.model.lm_head(last).float())
         deltas = [0] * len(group)
-        if qwen and self.model.model.rope_deltas is not None:
+        if pos is not None:
+            deltas = [r.mrope[1] for r in group]
+        elif qwen and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
         temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
         tok, lp = sample_rows(logits, temps, dec.generator)
+        t_enqueued = time.perf_counter()
         if cache is not None:
             dec.write_prefill(slots, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
         b.reqs.extend(group)
@@ -314,49 +357,85 @@ class GraphEngine(HFEngine):
         self.stats["prefill_s"] += self._prefill_last_s
         self.stats["queue_s"] = self.stats.get("queue_s", 0.0) + sum(t0 - r.arrival for r in group)
         _tally(self.stats, "prefill_ms_by_n", len(group), self._prefill_last_s)
+        _tally(self.stats, "prefill_inputs_ms_by_n", len(group), t_inputs - t0)
+        _tally(self.stats, "prefill_enqueue_ms_by_n", len(group), t_enqueued - t_inputs)
+        _tally(self.stats, "arrival_spread_ms_by_n", len(group), max(r.arrival for r in group) - min(r.arrival for r in group))
         if self.vision is not None:
             self.stats.update(self.vision.stats)
 
     # ---- decode ------------------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Commit every launched step (the loop leaves one in flight between its iterations)."""
+        if self.pipe is not None:
+            while self.pipe.pending:
+                self._commit(*self.pipe.pop())
+
     def _decode_step(self) -> None:
         if self.decoder is None:
             return super()._decode_step()
-        b = self._batch
+        pipe = self.pipe
+        assert pipe is not None
         t0 = time.perf_counter()
-        tok, lp, logits = self.decoder.step(
-            [r.output_ids[-1] for r in b.reqs], list(b.positions),
-            [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
-            [r.sampling.temperature for r in b.reqs])
-        b.positions = [p + 1 for p in b.positions]
-        self.stats["steps"] += 1
-        self._append_sampled(b.reqs, tok, lp, logits)
-        n = len(b.reqs)
-        self._drop_finished()
+        try:
+            if pipe.pending and any(self._needs_cpu(r) for r in self._batch.reqs):
+                self._settle()  # the host samples this step's token of some row: it needs the last one
+            b = self._batch
+            launched = None
+            if any(len(r.output_ids) + r.in_flight < r.max_new_tokens for r in b.reqs):
+                self.stats["steps_ahead"] += bool(pipe.pending)
+                launched = pipe.launch(b.reqs, list(b.positions),
+                                       [p + d for p, d in zip(b.positions, b.rope_deltas, strict=True)],
+                                       [self._needs_cpu(r) for r in b.reqs], self.weight_version)
+                b.positions = [p + 1 for p in b.positions]
+                self.stats["steps"] += 1
+            keep = 1 if launched is not None and not any(launched.cpu) else 0
+            while len(pipe.pending) > keep:
+                self._commit(*pipe.pop())
+        except Exception:
+            pipe.forget()
+            raise
         dt = time.perf_counter() - t0
         self.stats["decode_s"] += dt
-        _tally(self.stats, "decode_ms_by_n", n, dt)
+        self.stats["host_wait_s"] = round(pipe.wait_s, 3)
+        _tally(self.stats, "decode_ms_by_n", len(launched.reqs) if launched else 0, dt)
+
+    def _commit(self, rec: StepRecord, toks: list[int], lps: list[float]) -> None:
+        """Record a read step's tokens (dropping those of requests that had already finished)."""
+        live = [i for i, r in enumerate(rec.reqs) if r.finish is None]
+        self._record([rec.reqs[i] for i in live], [toks[i] for i in live], [lps[i] for i in live],
+                     rec.logits[live] if any(rec.cpu) else None, [rec.cpu[i] for i in live], rec.version)
+        self._drop_finished()
 
     def _needs_cpu(self, r: EngineRequest) -> bool:
+        """Whether the next token launched for r is sampled by the host (filters, or an EOS ban)."""
         sp = r.sampling
         filtered = sp.temperature > 0 and (0 < sp.top_k < self.vocab_size or sp.top_p < 1.0 or sp.min_p > 0)
-        banned = len(r.output_ids) < sp.min_new_tokens and (not sp.ignore_eos or bool(sp.stop_token_ids))
+        banned = (len(r.output_ids) + r.in_flight < sp.min_new_tokens
+                  and (not sp.ignore_eos or bool(sp.stop_token_ids)))
         return filtered or banned
 
     def _append_sampled(self, reqs: list[EngineRequest], tok: torch.Tensor, lp: torch.Tensor,
                         logits: torch.Tensor) -> None:
-        """Record one sampled token per request (device sampling, or the CPU sampler where needed)."""
+        """Record one sampled token per request of a prefill (device tensors, read here)."""
         n = len(reqs)
         host = torch.stack([tok[:n].double(), lp[:n].double()]).cpu()
-        toks, lps = host[0].long().tolist(), host[1].tolist()
+        cpu = [self._needs_cpu(r) for r in reqs]
+        self._record(reqs, host[0].long().tolist(), host[1].tolist(), logits, cpu, self.weight_version)
+
+    def _record(self, reqs: list[EngineRequest], toks: list[int], lps: list[float], logits: torch.Tensor | None,
+                cpu: list[bool], version: str) -> None:
+        """Append one token per request (the host's sampler where cpu[i], from logits row i)."""
         for i, r in enumerate(reqs):
-            if self._needs_cpu(r):
+            if cpu[i]:
+                assert logits is not None
                 row = logits[i].float().cpu()
                 t = r.sampling.temperature if r.sampling.temperature > 0 else 1.0
                 toks[i] = self._sample(row, r)
                 lps[i] = float(torch.log_softmax(row / t, dim=-1)[toks[i]])
+                r.dev_row = None  # the device holds another token for this row
             r.output_ids.append(toks[i])
             r.logprobs.append(lps[i])
-            r.versions.append(self.weight_version)
+            r.versions.append(version)
             self.stats["generated_tokens"] += 1
             self._check_finish(r)
             if r.on_token is not None:

@@ -9,8 +9,11 @@ per-layer elementwise work may be fused by torch.compile (two small functions pe
 the batch). On a CPU (tests) the same code runs eagerly.
 
 Layout and invariants:
-- `k`, `v`: [layers, slots, kv_heads, max_len, head_dim]; slot i holds the KV of the scheduler's
-  i-th running sequence, rows [0, n) are live (the scheduler compacts with `move`);
+- `k`, `v`: [layers, slots + 1, kv_heads, max_len, head_dim]; slot i holds the KV of the scheduler's
+  i-th running sequence, rows [0, n) are live (the scheduler compacts with `move`); the last slot is
+  scratch (padded rows of a graphed prefill write there);
+- text prefills of up to PREFILL_GRAPH_ROWS prompts replay CUDA graphs per (rows, length) bucket,
+  captured on first use;
 - the q/k/v projections and the gate/up projections are views into fused buffers (one GEMM each):
   the modules' parameters keep their names and shapes, so a weight written in place (`copy_`, what
   weight sync and disk loads do) is what the next replay reads; `weights_moved()` says whether a
@@ -19,7 +22,12 @@ Layout and invariants:
   its rotation is plain 1-D RoPE at (length + rope_delta) with the model's own inv_freq;
 - only full-attention decoders without q/k norms are supported (`supported()` says why not);
 - `banned_tokens` (the image/video placeholder ids) are never sampled: a generated placeholder would
-  make the trainer's teacher-forced forward count more image tokens than the images provide.
+  make the trainer's teacher-forced forward count more image tokens than the images provide;
+- a step's input token of row i is `last_tok[src[i]]` where src[i] >= 0 (the token the previous step
+  sampled for that sequence, left on the device: steps can be launched before the host has read it),
+  else the host-given id; every step writes its sampled tokens to `last_tok[:nb]` and (token, logprob)
+  to `out[:, :nb]`; `launch` stages its inputs through a ring of `STAGING` pinned buffers copied
+  asynchronously, so at most STAGING - 1 launched steps may be unread by the host at any time.
 """
 
 from __future__ import annotations
@@ -36,6 +44,15 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STAGING = 3
+PREFILL_GRAPH_ROWS = 8
+"""text prefills of at most this many prompts replay CUDA graphs per (rows bucket, length bucket): their
+time is host overhead (~20 ms eager for one 78-token prompt of a 3B decoder on an H200); larger ones
+are GPU-bound and run eagerly"""
+PREFILL_LEN_STEP = 32
+"""prefill graphs pad the prompt length to a multiple of this"""
+PREFILL_GRAPH_MAX_LEN = 2048
+"""pinned input buffers in the ring (a buffer is refilled only after the step that read it was waited for)"""
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -99,6 +116,16 @@ class _Graph:
     logits: torch.Tensor
 
 
+@dataclass
+class _PrefillGraph:
+    graph: Any
+    x: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    idx: torch.Tensor
+    out: torch.Tensor
+
+
 class StaticDecoder:
     """Per-slot static KV cache + graph-captured decode steps (see module docstring)."""
 
@@ -131,13 +158,21 @@ class StaticDecoder:
                 b *= 2
             len_buckets.append(max_len)
         self.len_buckets = tuple(sorted(set(min(x, max_len) for x in len_buckets)))
-        shape = (self.n_layers, max_slots, self.n_kv, max_len, self.head_dim)
+        # one slot past max_slots: the scratch slot that padded rows of a prefill graph write into
+        shape = (self.n_layers, max_slots + 1, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         dev = self.device
-        self.ints = torch.zeros((3, max_slots), dtype=torch.long, device=dev)  # ids, kv_pos, rope_pos
-        self.ids, self.kv_pos, self.rope_pos = self.ints[0], self.ints[1], self.ints[2]
+        self.ints = torch.zeros((4, max_slots), dtype=torch.long, device=dev)  # ids, kv_pos, rope_pos, src
+        self.ids, self.kv_pos, self.rope_pos, self.src = self.ints[0], self.ints[1], self.ints[2], self.ints[3]
+        self.src.fill_(-1)
         self.temps = torch.ones(max_slots, dtype=torch.float32, device=dev)
+        self.last_tok = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.out = torch.zeros((2, max_slots), dtype=torch.float64, device=dev)  # sampled tokens, logprobs
+        pin = dev.type == "cuda"
+        self._staging = [(torch.zeros((4, max_slots), dtype=torch.long, pin_memory=pin),
+                          torch.ones(max_slots, dtype=torch.float32, pin_memory=pin)) for _ in range(STAGING)]
+        self._staged = 0
         self.rows = torch.arange(max_slots, device=dev)
         vocab = int(self.model.lm_head.weight.shape[0])
         banned = sorted({t for t in (banned_tokens or []) if t is not None and 0 <= t < vocab})
@@ -150,6 +185,7 @@ class StaticDecoder:
             self._post = torch.compile(self._post, dynamic=True, fullgraph=True)
         self.compiled = compile_layers
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.prefill_graphs: dict[tuple[int, int], _PrefillGraph] = {}
         self._pool = None
         self.capture_s = 0.0
 
@@ -202,20 +238,25 @@ class StaticDecoder:
     def _forward(self, n: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step for slots [0, n) attending over cache columns [0, length); reads the static inputs."""
         lm = self.lm
-        kv_pos, rows = self.kv_pos[:n], self.rows[:n]
-        h = F.embedding(self.ids[:n], lm.embed_tokens.weight)
+        kv_pos, rows, src = self.kv_pos[:n], self.rows[:n], self.src[:n]
+        ids = torch.where(src >= 0, self.last_tok.index_select(0, src.clamp(min=0)), self.ids[:n])
+        h = F.embedding(ids, lm.embed_tokens.weight)
         rot = lm.rotary_emb
         freqs = self.rope_pos[:n, None].float() * rot.inv_freq.float()[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         scale = float(getattr(rot, "attention_scaling", 1.0))
         cos, sin = (emb.cos() * scale).to(self.dtype), (emb.sin() * scale).to(self.dtype)
         mask = (self.span[None, :length] <= kv_pos[:, None])[:, None, None, :]
+        # row r, kv head j writes at flat row ((r * n_kv + j) * max_len + kv_pos[r]) of a layer's cache
+        # viewed as [-1, head_dim]: one index_copy_ per tensor (advanced indexing took several kernels)
+        flat = ((rows[:, None] * self.n_kv + self.rows[None, : self.n_kv]) * self.max_len + kv_pos[:, None]).reshape(-1)
+        hd = self.head_dim
         for i, layer in enumerate(lm.layers):
             f = self.fused[i]
             q, k, v = self._pre(h, cos, sin, layer.input_layernorm.weight, f["wqkv"], f["bqkv"])
             kc, vc = self.k[i], self.v[i]
-            kc[rows, :, kv_pos] = k
-            vc[rows, :, kv_pos] = v
+            kc.view(-1, hd).index_copy_(0, flat, k.reshape(-1, hd))
+            vc.view(-1, hd).index_copy_(0, flat, v.reshape(-1, hd))
             attn = F.scaled_dot_product_attention(q, kc[:n, :, :length], vc[:n, :, :length], attn_mask=mask,
                                                   scale=self.head_dim ** -0.5)
             h = self._post(h, attn, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
@@ -223,6 +264,9 @@ class StaticDecoder:
         h = rms_norm(h, lm.norm.weight, self.eps)
         logits = self.mask_banned(F.linear(h, self.model.lm_head.weight).float())
         tok, lp = sample_rows(logits, self.temps[:n], self.generator)
+        self.last_tok[:n].copy_(tok)
+        self.out[0, :n].copy_(tok)
+        self.out[1, :n].copy_(lp)
         return tok, lp, logits
 
     def mask_banned(self, logits: torch.Tensor) -> torch.Tensor:
@@ -256,7 +300,18 @@ class StaticDecoder:
             cos = torch.cat([c[i % 3] for i, c in enumerate(cos.split(sec, dim=-1))], dim=-1)
             sin = torch.cat([c[i % 3] for i, c in enumerate(sin.split(sec, dim=-1))], dim=-1)
         cos, sin = cos.reshape(n * t, -1).to(self.dtype), sin.reshape(n * t, -1).to(self.dtype)
-        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        if self.use_graphs and n <= PREFILL_GRAPH_ROWS and t <= PREFILL_GRAPH_MAX_LEN:
+            h = self._prefill_replay(slots, x, cos, sin)
+        else:
+            h = self._prefill_layers(torch.tensor(slots, dtype=torch.long, device=self.device), x, cos, sin)
+        return BaseModelOutputWithPast(last_hidden_state=h)
+
+    def _prefill_layers(self, idx: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> torch.Tensor:
+        """The decoder layers over right-padded rows x [n, t, width] (row j's KV into slot idx[j]);
+        returns the final normed hidden states [n, t, width]."""
+        lm = self.lm
+        n, t, width = x.shape
         nq, nkv, hd = self.n_q, self.n_kv, self.head_dim
         h = x.reshape(n * t, width)
         for i, layer in enumerate(lm.layers):
@@ -270,8 +325,46 @@ class StaticDecoder:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=hd ** -0.5)
             h = self._post(h, attn.transpose(1, 2).reshape(n * t, nq * hd), layer.self_attn.o_proj.weight,
                            layer.post_attention_layernorm.weight, f["wgu"], layer.mlp.down_proj.weight)
-        h = rms_norm(h, lm.norm.weight, self.eps)
-        return BaseModelOutputWithPast(last_hidden_state=h.view(n, t, width))
+        return rms_norm(h, lm.norm.weight, self.eps).view(n, t, width)
+
+    def _prefill_replay(self, slots: list[int], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> torch.Tensor:
+        """`_prefill_layers` from the graph of (rows bucket, length bucket): inputs copied into its static
+        buffers (padded rows write their KV into the scratch slot; padded positions come after the real
+        ones of each row, so causal attention keeps them out of the real outputs)."""
+        n, t, width = x.shape
+        nb = next(b for b in self.batch_buckets if b >= n)
+        tb = -(-t // PREFILL_LEN_STEP) * PREFILL_LEN_STEP
+        g = self.prefill_graphs.get((nb, tb)) or self._capture_prefill(nb, tb, width)
+        g.x[:n, :t].copy_(x)
+        g.cos.view(nb, tb, -1)[:n, :t].copy_(cos.reshape(n, t, -1))
+        g.sin.view(nb, tb, -1)[:n, :t].copy_(sin.reshape(n, t, -1))
+        g.idx.copy_(torch.tensor(slots + [self.max_slots] * (nb - n), dtype=torch.long), non_blocking=True)
+        g.graph.replay()
+        return g.out[:n, :t].clone()
+
+    def _capture_prefill(self, nb: int, tb: int, width: int) -> _PrefillGraph:
+        t0 = time.perf_counter()
+        dev, hd = self.device, self.head_dim
+        x = torch.zeros((nb, tb, width), dtype=self.dtype, device=dev)
+        cos = torch.ones((nb * tb, hd), dtype=self.dtype, device=dev)
+        sin = torch.zeros((nb * tb, hd), dtype=self.dtype, device=dev)
+        idx = torch.full((nb,), self.max_slots, dtype=torch.long, device=dev)  # warm-up writes the scratch slot
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._prefill_layers(idx, x, cos, sin)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._prefill_layers(idx, x, cos, sin)
+        g = _PrefillGraph(graph, x, cos, sin, idx, out)
+        self.prefill_graphs[(nb, tb)] = g
+        self.capture_s += time.perf_counter() - t0
+        return g
 
     def _mrope_section(self) -> list[int]:
         cfg = self.lm.config
@@ -287,13 +380,24 @@ class StaticDecoder:
     @torch.inference_mode()
     def step(self, ids: list[int], kv_pos: list[int], rope_pos: list[int], temps: list[float]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Decode one token for slots [0, len(ids)): returns device tensors (tokens, logprobs, logits),
-        each of at least len(ids) rows (rows past it belong to idle slots)."""
+        """Decode one token for slots [0, len(ids)) from host-given input tokens: returns device tensors
+        (tokens, logprobs, logits), each of at least len(ids) rows (rows past it belong to idle slots)."""
+        return self.launch(ids, [-1] * len(ids), kv_pos, rope_pos, temps)
+
+    @torch.inference_mode()
+    def launch(self, ids: list[int], src: list[int], kv_pos: list[int], rope_pos: list[int], temps: list[float]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Enqueue one decode step without waiting for anything on the device: row i's input token is
+        `last_tok[src[i]]` where src[i] >= 0, else ids[i]. Results as `step`'s, also in `out`."""
         n = len(ids)
         nb, lb = self.bucket(n, max(kv_pos) + 1)
-        pad = nb - n
-        self.ints[:, :nb].copy_(torch.tensor([ids + [0] * pad, kv_pos + [0] * pad, rope_pos + [0] * pad]))
-        self.temps[:nb].copy_(torch.tensor(temps + [1.0] * pad, dtype=torch.float32))
+        ints, temp = self._staging[self._staged % STAGING]
+        self._staged += 1
+        a, t = ints.numpy(), temp.numpy()  # whole buffers are copied: a strided copy would be synchronous
+        a[0, :n], a[1, :n], a[2, :n], a[3, :n] = ids, kv_pos, rope_pos, src
+        a[:3, n:nb], a[3, n:nb], t[:n], t[n:nb] = 0, -1, temps, 1.0
+        self.ints.copy_(ints, non_blocking=True)
+        self.temps.copy_(temp, non_blocking=True)
         if not self.use_graphs:
             return self._forward(nb, lb)
         g = self.graphs.get((nb, lb))
@@ -326,6 +430,7 @@ class StaticDecoder:
         if not self.use_graphs:
             return 0
         self.kv_pos.zero_()
+        self.src.fill_(-1)
         for nb in self.batch_buckets:
             for lb in self.len_buckets:
                 if (nb, lb) not in self.graphs:
@@ -335,6 +440,7 @@ class StaticDecoder:
 
     def reset_graphs(self) -> None:
         self.graphs.clear()
+        self.prefill_graphs.clear()
         self._pool = None
 
     # ---- cache writes -----------------------------------------------------------------------------

@@ -18,7 +18,9 @@ it is static:
   only within themselves and are cut from the output), replayed, outputs cloned. The first call with
   a grid captures all its buckets up to `max_graph_patches` patches (a one-time stall of ~2 s for a 3B-sized tower; `eager()` keeps
   one-off calls such as start-up checks from doing so); at most `max_grids` grids get graphs, others and mixed-grid calls run eagerly over their cached layout. Graphs read
-  the parameters in place: `reset()` after any parameter was rebound.
+  the parameters in place: `reset()` after any parameter was rebound;
+- MLPs of an unaligned width run over padded weight copies (models/aligned_mlp.py: `aligned.refresh()`
+  after any weight write).
 Invariants: `install` replaces `visual.forward` only after the eager runner gave the same features
 as transformers' own forward on two test layouts (else it leaves the model alone); the first graph
 is checked against the eager runner on the same input. The return value mimics the original's
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from asyncwebrl.models.aligned_mlp import AlignedMLPs, install_aligned_mlps
 from asyncwebrl.models.vision_attention import chunk_plan
 
 log = logging.getLogger(__name__)
@@ -140,6 +143,8 @@ class VisionRunner:
         self._pool = None
         self._checked = False
         self._out_type: type | None = None
+        self.aligned: AlignedMLPs | None = None
+        """padded MLP weight copies (models/aligned_mlp.py): refresh() after any weight write"""
         self.stats = {"vision_graph_calls": 0, "vision_eager_calls": 0, "vision_graphs": 0, "vision_capture_s": 0.0}
 
     # ---- layouts ----------------------------------------------------------------------------------
@@ -334,6 +339,23 @@ def install(model: torch.nn.Module, *, use_graphs: bool, max_images: int) -> Vis
         log.warning("static vision layouts differ from transformers' vision tower (relative %.2e); not used", diff)
         return None
     runner.stats["vision_check_rel_diff"] = diff
+    width = visual.patch_embed.proj.weight[0].numel()
+    m = runner.merge
+    test = torch.randn((4 * m * 6 * m, width), generator=torch.Generator(device=runner.device).manual_seed(1),
+                       device=runner.device).to(runner.dtype)
+    lay = runner.layout(((1, 4 * m, 6 * m),))
+    other = torch.randn((4 * m * 4 * m, width), generator=torch.Generator(device=runner.device).manual_seed(2),
+                        device=runner.device).to(runner.dtype)
+    pair = runner.layout(((1, 4 * m, 6 * m), (1, 4 * m, 4 * m)))
+
+    def batch_noise() -> float:  # the test image alone against the same image batched with another
+        alone = runner.forward(test, lay)[1].float()
+        together = runner.forward(torch.cat([test, other]), pair)[1][: alone.shape[0]].float()
+        return float((together - alone).norm() / alone.norm().clamp_min(1e-12))
+
+    runner.aligned = install_aligned_mlps(visual.blocks, lambda: runner.forward(test, lay)[1], tol, batch_noise)
+    if runner.aligned is not None:
+        runner.stats.update(aligned_mlp_rel_diff=runner.aligned.rel_diff, vision_batch_noise=runner.aligned.noise)
     visual._awrl_orig_forward = original
     visual.forward = types.MethodType(lambda self, *a, **kw: runner(*a, **kw), visual)
     return runner

@@ -95,6 +95,30 @@ def test_greedy_tokens_equal_the_plain_engine_with_joins_and_leaves(engines):
     assert graph.stats["lean_prefill"] == 1 and graph.stats["lean_prefill_min_cosine"] > 0.999
 
 
+def test_steps_launched_ahead_drop_tokens_past_a_stop_and_keep_the_plain_outputs(engines):
+    """Decode steps are launched before the host has read the previous token (decode_pipeline.py): a
+    request that stops on a stop token or a stop string is launched once more, and that token must be
+    dropped; outputs and finish reasons equal the one-step-at-a-time plain engine's."""
+    plain, graph = engines
+    prompts, _ = _prompts(graph)
+    ref = _run(plain, [_req(p, 10, image=im, temperature=0, ignore_eos=True) for p, im in prompts[:3]])
+    stop_tok = ref[0].output_ids[3]  # stops request 0 at its 4th token (or earlier, where it recurs)
+    stop_str = graph.adapter.tokenizer.decode(ref[1].output_ids[4:6])
+    cases = [({"stop_token_ids": [stop_tok]}, prompts[0]), ({"stop": [stop_str]}, prompts[1]),
+             ({"ignore_eos": True}, prompts[2])]
+    ahead, generated = graph.stats["steps_ahead"], graph.stats["generated_tokens"]
+    outs = {}
+    for name, eng in (("plain", plain), ("graph", graph)):
+        outs[name] = _run(eng, [_req(p, 10, image=im, temperature=0, **sp) for sp, (p, im) in cases])
+    for a, b in zip(outs["plain"], outs["graph"], strict=True):
+        assert (a.output_ids, a.finish_reason, a.text) == (b.output_ids, b.finish_reason, b.text)
+        assert len(b.logprobs) == len(b.versions) == len(b.output_ids)
+    assert outs["graph"][0].finish_reason == {"type": "stop", "matched": stop_tok}
+    assert outs["graph"][1].finish_reason["type"] == "stop" and len(outs["graph"][1].output_ids) < 10
+    assert graph.stats["steps_ahead"] > ahead  # the path under test ran: steps launched one ahead
+    assert graph.stats["generated_tokens"] == generated + sum(len(o.output_ids) for o in outs["graph"])
+
+
 def test_lean_prefill_check_refuses_a_path_that_ignores_mrope(engines, monkeypatch):
     """The real lean path passes the start-up check (first-layer KV and last hidden states, the latter
     against transformers' own batch-vs-alone noise); one that drops the M-RoPE positions of an image
@@ -249,6 +273,8 @@ def test_cuda_graphs_and_compiled_layers_give_the_plain_engines_greedy_tokens(qw
         for a, b in zip(*outs, strict=True):
             assert a.output_ids == b.output_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+        assert graph.stats["steps_ahead"] > 0  # steps were launched before the host read the last token
+        assert graph.decoder.prefill_graphs  # the small prefills replayed graphs
     finally:
         for e in (plain, graph):
             e.stop()
@@ -267,3 +293,38 @@ def test_placeholder_tokens_are_never_generated(engines):
         graph.decoder.banned = saved
     assert not set(again.output_ids) & set(first)
     assert all(lp > float("-inf") for lp in again.logprobs)
+
+
+def test_host_mrope_positions_equal_those_of_the_models_batched_forward(engines):
+    """The prefill's M-RoPE positions are computed per request on the host (models/mrope.py): they equal
+    what transformers computes inside a padded batch of an image prompt and a text prompt."""
+    from asyncwebrl.models.mrope import batch_positions
+
+    _, graph = engines
+    assert graph.stats["host_mrope"] == 1
+    prompts, img = _prompts(graph)
+    ad = graph.adapter
+    encs = [ad.encode_with_images_for_ids(p, [im] if im is not None else []) for p, im in prompts[:3]]
+    seen = {}
+    inner = graph.model.model
+    lm = graph.decoder.lm
+
+    def capture(**kw):
+        seen["pos"] = kw["position_ids"]
+        raise StopIteration
+
+    batch = ad.collate([p for p, _ in prompts[:3]], encs)
+    inner.rope_deltas = None
+    lm.forward = capture
+    try:
+        with pytest.raises(StopIteration), torch.no_grad():
+            inner(**batch, use_cache=False)
+    finally:
+        del lm.forward
+    ref = seen["pos"][-3:]  # newer transformers prepend the text positions as a 4th row
+    host = [graph.mrope(p, e) for (p, _), e in zip(prompts[:3], encs, strict=True)]
+    got = batch_positions([h[0] for h in host], ref.shape[-1])
+    for i, (p, _) in enumerate(prompts[:3]):
+        assert torch.equal(got[:, i, : len(p)], ref[:, i, : len(p)])
+    assert [h[1] for h in host] == [int(d) for d in inner.rope_deltas.reshape(3, -1)[:, 0]]
+    assert host[1][1] != 0  # the image prompt's delta is not the trivial one

@@ -75,3 +75,59 @@ def test_batches_past_the_graph_patch_budget_run_eagerly(model):
 def test_not_installed_where_it_does_not_apply():
     m = load_model(resolve_model_path("tiny-qwen2.5-vl")).eval()
     assert install(m.model.language_model, use_graphs=False, max_images=4) is None
+
+
+def test_aligned_mlps_compute_the_modules_mlp_and_follow_weight_writes():
+    """Vision MLPs of an unaligned width (Qwen2.5-VL: 3420) run over zero-padded weight copies
+    (models/aligned_mlp.py): same outputs, and weights written in place are seen after refresh()."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from asyncwebrl.models.aligned_mlp import install_aligned_mlps
+
+    class MLP(nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(12, width), nn.Linear(12, width)
+            self.down_proj, self.act_fn = nn.Linear(width, 12), nn.SiLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    class Block(nn.Module):
+        def __init__(self, width: int):
+            super().__init__()
+            self.mlp = MLP(width)
+
+    def plain(blocks, x):  # the unpadded computation from the parameters themselves
+        for b in blocks:
+            m = b.mlp
+            x = x + F.linear(F.silu(F.linear(x, m.gate_proj.weight, m.gate_proj.bias))
+                             * F.linear(x, m.up_proj.weight, m.up_proj.bias), m.down_proj.weight, m.down_proj.bias)
+        return x
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 12)
+    aligned_width = [Block(16), Block(16)]
+    assert install_aligned_mlps(aligned_width, lambda: plain(aligned_width, x), 1e-5) is None
+    blocks = [Block(20), Block(20)]
+
+    def run():
+        h = x
+        for b in blocks:
+            h = h + b.mlp(h)
+        return h
+
+    with torch.no_grad():
+        al = install_aligned_mlps(blocks, run, 1e-5)
+        assert al is not None and al.pad % 64 == 0 and al.pad > 20
+        assert "forward" in blocks[0].mlp.__dict__  # the padded path is what runs
+        assert torch.allclose(run(), plain(blocks, x), atol=1e-6)
+        names = sorted(n for n, _ in nn.ModuleList(blocks).named_parameters())
+        assert len(names) == 12  # the modules' parameters are untouched (weight sync writes them by name)
+        for b in blocks:
+            b.mlp.up_proj.weight.mul_(-2.0)  # a weight write in place
+        stale = run()
+        al.refresh()
+        assert torch.allclose(run(), plain(blocks, x), atol=1e-6)
+        assert not torch.allclose(stale, run(), atol=1e-3)
