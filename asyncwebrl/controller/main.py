@@ -7,6 +7,10 @@ PPO update on the actor (pi_prox recompute, advantages, decoupled loss) -> the r
 continue) -> checkpoint every N steps (or when test rollout asks; the loop blocks only for its
 snapshot, the write runs behind it) -> metrics.
 
+Before the first step of a fresh run with `warm_start.enabled`, the trainer ranks clone oracle (or
+recorded) demonstrations (`training.warm_start`) and the refresh bracket publishes the result as
+version 0, before rollout starts; a resumed run never repeats it.
+
 Invariants: the version the rollout side tags tokens with is set only after the servers hold the
 new weights; a checkpoint is written only between steps (a self-consistent snapshot, with the task
 sampler position, staleness seed and curriculum tracker beside the weights), and `recover=auto` resumes from the newest
