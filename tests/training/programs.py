@@ -121,3 +121,20 @@ def train_then_broadcast(rank: int, world_size: int, addr: str, port: int, cfg_k
     params = actor.full_named_parameters()
     trainer.close()
     return {"params": {n: t.clone() for n, t in params} if rank == 0 else None, "report": report}
+
+
+def bc_and_report(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict, n_samples: int,
+                  n_steps: int) -> dict:
+    """n_steps behaviour-cloning updates (`FSDPActor.bc_step`, one warm-start AdamW) on the same samples;
+    per-step stats and (rank 0) the full parameters."""
+    from asyncwebrl.training.actor import FSDPActor
+
+    torch.manual_seed(0)
+    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    samples = make_samples(actor.adapter, n_samples)
+    opt = actor.new_bc_optimizer(1e-3)
+    stats = [actor.bc_step(samples, optimizer=opt) for _ in range(n_steps)]
+    params = {n: t.detach().cpu().clone() for n, t in actor.full_named_parameters()}
+    out = {"stats": stats, "params": params if rank == 0 else None, "version": actor.version}
+    actor.close()
+    return out

@@ -203,3 +203,32 @@ def test_off_changes_nothing(tmp_path):
     assert ctl.warm_start is None and system.version.value == 0
     assert not [r for r in read_jsonl(run.root / "metrics.jsonl") if r["kind"] == "warm_start"]
     run.close()
+
+
+# ---- several ranks --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_bc_step_on_two_fsdp_ranks_is_the_single_process_update():
+    """bc_step's collectives: 2 gloo ranks (uneven shares, filler passes) give the 1-rank NLL and weights."""
+    from programs import TINY, bc_and_report
+
+    from asyncwebrl.training.launcher import run_ranks
+
+    cfg = dict(path=TINY, lr=1e-3, mb_max_tokens=200)
+    one = run_ranks(bc_and_report, 1, (cfg, 5, 2), timeout_s=600)
+    two = run_ranks(bc_and_report, 2, (cfg, 5, 2), timeout_s=600)
+    for a, b in zip(one[0]["stats"], two[0]["stats"], strict=True):
+        assert b.nll == pytest.approx(a.nll, rel=1e-4) and b.n_tokens == a.n_tokens and b.n_samples == a.n_samples
+        assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-3)
+    assert two[1]["stats"][0].nll == pytest.approx(two[0]["stats"][0].nll)  # every rank sees the global figure
+    assert one[0]["stats"][1].nll < one[0]["stats"][0].nll
+    p1, p2 = one[0]["params"], two[0]["params"]
+    moved = max((p1[k] - v).abs().max().item() for k, v in _initial(TINY).items())
+    diff = max((p1[k] - p2[k]).abs().max().item() for k in p1)
+    assert moved > 1e-4 and diff < moved * 1e-2
+    assert one[0]["version"] == two[0]["version"] == 0
+
+
+def _initial(path: str) -> dict:
+    from asyncwebrl.models.vlm import load_model
+
+    return {k: v.detach() for k, v in load_model(path).named_parameters()}
