@@ -27,7 +27,7 @@ def test_training_steps_move_weights_to_servers_and_eval_runs_on_checkpoints(tmp
         "gconfig.n_samples=2", "env.max_steps=2", "env.tasks=click-test,click-button",
         "test_rollout.enabled=true", "test_rollout.n_episodes=2", "test_rollout.tasks=click-test",
         "test_rollout.heldout_tasks=click-link", "test_rollout.heldout_n_episodes=1", "env.task_sampling.mode=adaptive",
-        "checkpoint.every_n_steps=1", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
+        "env.task_sampling.prior=eval", "checkpoint.every_n_steps=1", "stats.progress_bar=false", "actor.mb_max_tokens=2048",
     ])
     run = RunDir(cfg.run_dir, keep_episodes=8)
     system = build_system(cfg, run)

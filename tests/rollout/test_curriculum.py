@@ -82,7 +82,7 @@ def test_zero_advantage_groups_are_counted():
 
 def test_an_evaluation_prior_steers_the_first_choice_and_seeds_the_ema():
     tasks = ["miniwob/solved", "miniwob/half", "miniwob/never"]
-    cur = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3))
+    cur = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3, prior="eval"))
     assert len(set(cur.shares().values())) == 1  # nothing known: uniform
     assert cur.observe_eval({"miniwob/solved": 1.0, "miniwob/half": 0.5, "miniwob/never": 0.0, "miniwob/other": 0.5}) == 3
     share = cur.shares()
@@ -98,7 +98,7 @@ def test_an_evaluation_prior_steers_the_first_choice_and_seeds_the_ema():
     assert cur.stats["miniwob/never"].success_ema == pytest.approx(0.075)
     assert cur.stats["miniwob/solved"].prior == 0.5
     # the prior survives a checkpoint
-    back = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3))
+    back = TaskCurriculum(tasks, _adaptive(floor=0.2, ema_alpha=0.3, prior="eval"))
     back.load_state_dict(cur.state_dict())
     assert back.shares() == cur.shares()
     # prior=none: the evaluation is ignored, unseen tasks keep top priority

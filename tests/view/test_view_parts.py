@@ -175,7 +175,7 @@ def test_report_shows_task_sampling_and_heldout_per_task(tmp_path):
     from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory
     from asyncwebrl.web.config import TaskSamplingConfig
 
-    cur = TaskCurriculum(["miniwob/click-test", "miniwob/click-button"], TaskSamplingConfig(mode="adaptive"))
+    cur = TaskCurriculum(["miniwob/click-test", "miniwob/click-button"], TaskSamplingConfig(mode="adaptive", prior="eval"))
     steps = [StepSample(prompt_ids=[1], output_ids=[2], behave_logprobs=[-0.1], versions=[0])]
     cur.observe_eval({"miniwob/click-test": 0.75})
     cur.observe([RolloutGroup("g1", "miniwob/click-button#3", [
