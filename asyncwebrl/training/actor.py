@@ -236,6 +236,18 @@ class FSDPActor:
             self.module.train(was_training)
         return out  # type: ignore[return-value]
 
+    def _train_passes(self, samples: list[TrainSample], pix_of: dict[int, list[bytes]]):
+        """Forward passes with gradients over this rank's micro-batches of `samples`, padded to the max
+        count over ranks: a filler pass backpropagates a zero loss here, so FSDP's collectives pair up.
+        Yields (forward batch, logp, entropy) of each real micro-batch; the caller backpropagates it."""
+        for mb in self._padded(self._index_micro_batches(samples)):
+            if mb is None:
+                _, logp, _ = self._forward(*self._filler())
+                (logp.sum() * 0.0).backward()
+                continue
+            mb_samples = [samples[i] for i in mb]
+            yield self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+
     def _index_micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
         index = {id(s): i for i, s in enumerate(samples)}
         return [[index[id(s)] for s in mb] for mb in micro_batches(samples, self.cfg.mb_max_tokens)]
@@ -286,13 +298,7 @@ class FSDPActor:
         self.module.train()
         for j, mini in enumerate(local):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in self._padded(self._index_micro_batches(mini)):
-                if mb is None:
-                    _, logp, _ = self._forward(*self._filler())
-                    (logp.sum() * 0.0).backward()
-                    continue
-                mb_samples = [mini[i] for i in mb]
-                fb, logp, entropy = self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+            for fb, logp, entropy in self._train_passes(mini, pix_of):
                 behave = fb.behave.to(self.device)
                 versions = fb.versions.to(self.device)
                 if not cfg.use_decoupled_loss:
@@ -367,13 +373,7 @@ class FSDPActor:
         opt.zero_grad(set_to_none=True)
         self.module.train()
         nll_sum = 0.0
-        for mb in self._padded(self._index_micro_batches(local)):
-            if mb is None:
-                _, logp, _ = self._forward(*self._filler())
-                (logp.sum() * 0.0).backward()
-                continue
-            mb_samples = [local[i] for i in mb]
-            _, logp, _ = self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+        for _, logp, _ in self._train_passes(local, pix_of):
             nll = -logp.sum()
             (nll / n_tokens * self.world_size).backward()
             nll_sum += float(nll.detach())
