@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -154,6 +155,9 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+_KEY_PART = re.compile(r"[\w-]+")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=VALUE` -> (['a','b','c'], parsed VALUE); VALUE is read as YAML (1, true, [1,2], x)."""
     if "=" not in text:
@@ -162,6 +166,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip().lstrip("+")
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key part")
+    bad = [part for part in key.split(".") if not _KEY_PART.fullmatch(part)]
+    if bad:
+        raise ConfigError(
+            f"override '{text}': key part '{bad[0]}' may hold only letters, digits, '_' and '-'"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() != "" else ""
     except yaml.YAMLError as e:
@@ -198,8 +207,9 @@ def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | No
     try:
         merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(items))
         data = OmegaConf.to_container(merged, resolve=True)
-    except OmegaConfBaseException as e:
-        msg = str(e).splitlines()[0]
+    except (OmegaConfBaseException, IndexError, KeyError, TypeError, ValueError) as e:
+        # OmegaConf raises plain IndexError/KeyError on some malformed dotlists
+        msg = (str(e).splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"config could not be merged or interpolated: {msg} (overrides: {items})") from e
     return build(cls, data)
 
