@@ -21,6 +21,9 @@ class TaskSamplingConfig:
     """exploration share spread evenly over all tasks, so no task starves"""
     min_groups: int = 1
     """consumed groups a task needs before its own estimate counts (before: its prior, else top priority)"""
+    prior_episodes: float = 1.0
+    """pseudo-episodes of the prior mean (1/2, or the evaluation prior) in each task's estimate: one
+    all-fail group of 4 no longer takes a task out of the zone; 0 = the bare discounted success rate"""
     prior: Literal["none", "eval"] = "none"
     """where a task's estimate starts: "none" = unknown, top priority until seen; "eval" = its greedy
     success in the test-rollout evaluation of the starting checkpoint (needs test_rollout.enabled; the
@@ -39,6 +42,8 @@ class TaskSamplingConfig:
             raise ValueError("env.task_sampling.ema_alpha must be in (0, 1]")
         if not 0 < self.floor <= 1:
             raise ValueError("env.task_sampling.floor must be in (0, 1] (0 would let a task starve)")
+        if self.prior_episodes < 0:
+            raise ValueError("env.task_sampling.prior_episodes must be >= 0")
         if self.min_groups < 0:
             raise ValueError("env.task_sampling.min_groups must be >= 0")
         if self.prior not in ("none", "eval"):

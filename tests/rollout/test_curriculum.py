@@ -62,6 +62,27 @@ def test_a_new_task_gets_visits_before_known_ones():
     assert cur.shares()["a/y"] > cur.shares()["a/x"]
 
 
+def test_one_all_fail_group_does_not_send_a_task_to_the_floor():
+    """A 0-of-4 group is common at true success 1/4; three in a row are not. The task stays in the zone
+    after the first, and leaves it only after a streak (the hopeless task) -- likewise for all-success."""
+    tasks = ["m/learnable", "m/half"]
+    cur = TaskCurriculum(tasks, _adaptive(floor=0.2, prior_episodes=1.0))
+    cur.observe([_group("m/learnable#1", [False] * 4), _group("m/half#1", [True, False, True, False])])
+    share = cur.shares()
+    assert share["m/learnable"] > 0.3  # the bare EMA (prior_episodes=0) gave 0.2 / 2 = 0.1
+    bare = TaskCurriculum(tasks, _adaptive(floor=0.2, prior_episodes=0.0))
+    bare.observe([_group("m/learnable#1", [False] * 4), _group("m/half#1", [True, False, True, False])])
+    assert bare.shares()["m/learnable"] == pytest.approx(0.1)
+    for i in range(2, 5):
+        cur.observe([_group(f"m/learnable#{i}", [False] * 4)])
+    assert cur.shares()["m/learnable"] == pytest.approx(0.1)  # a streak of failures: the floor
+    assert cur.record().success["m/learnable"] < 0.05
+    cur.observe([_group("m/learnable#9", [True, False, False, False])])
+    assert cur.shares()["m/learnable"] > 0.1  # one success brings it back into the zone
+    with pytest.raises(ValueError, match="prior_episodes"):
+        TaskCurriculum(tasks, _adaptive(prior_episodes=-1.0))
+
+
 def test_uniform_mode_only_tracks():
     cur = TaskCurriculum(TRUE_P, TaskSamplingConfig())
     cur.observe([_group("synthetic/half#1", [True, False]), _group("synthetic/always#1", [True, True])])
