@@ -87,6 +87,7 @@ def batch_figures(groups) -> dict[str, Any]:
         "success_rate": sum(1.0 for t in ok if t.success) / n,
         "episode_len_mean": steps / n,
         "invalid_rate": sum(t.n_invalid for t in ok) / max(1, steps),
+        "no_effect_rate": sum(t.n_no_effect for t in ok) / max(1, steps),
         "generated_tokens": sum(t.n_tokens for t in trajs),
     }
 

@@ -29,6 +29,8 @@ class StepRecord:
     success_rate: float
     episode_len_mean: float
     invalid_rate: float
+    no_effect_rate: float
+    """share of the batch's steps whose valid action changed nothing on the page"""
     generated_tokens: int
     staleness_hist: dict[str, int]
     n_groups: int

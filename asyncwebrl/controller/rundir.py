@@ -146,7 +146,7 @@ class RunDir:
                 "traj_id": traj.traj_id, "task_id": traj.task_id, "version": version,
                 "reward": traj.reward, "raw_reward": traj.raw_reward, "success": traj.success,
                 "truncated": traj.truncated, "failed": traj.failed, "n_invalid": traj.n_invalid,
-                "instruction": traj.info.get("instruction", ""), "steps": steps,
+                "n_no_effect": traj.n_no_effect, "instruction": traj.info.get("instruction", ""), "steps": steps,
             }
             (d / "episode.json").write_text(json.dumps(doc, default=float))
             if evict is not None:

@@ -119,9 +119,11 @@ async def run_episode(
                 action_text=out.text,
                 action=action,
                 invalid=invalid,
+                no_effect=bool(res.no_effect) and not invalid,
                 step_reward=res.reward,
             ))
             traj.n_invalid += int(invalid)
+            traj.n_no_effect += int(bool(res.no_effect) and not invalid)
             n_unchanged += int(res.screenshot_unchanged)
             history.append("" if action is None else short_action(out.text))
             last = res
@@ -148,7 +150,9 @@ async def run_episode(
     traj.success = bool(last is not None and last.done and last.success) and not traj.failed
     traj.truncated = not traj.failed and not (last is not None and last.done)
     traj.raw_reward = float(last.raw_reward) if last is not None else 0.0
-    traj.reward = 0.0 if traj.failed else (1.0 if traj.success else 0.0) + env_cfg.invalid_action_penalty * traj.n_invalid
+    traj.reward = 0.0 if traj.failed else ((1.0 if traj.success else 0.0)
+                                           + env_cfg.invalid_action_penalty * traj.n_invalid
+                                           + env_cfg.no_effect_penalty * traj.n_no_effect)
     traj.info.update(n_unchanged=n_unchanged, gen_s=round(gen_s, 4), env_s=round(env_s, 4),
                      max_prompt_tokens=max_prompt, start_version=v0)
     return traj

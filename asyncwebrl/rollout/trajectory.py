@@ -39,6 +39,8 @@ class StepSample:
     """parsed action (None when invalid)"""
     invalid: bool = False
     """the output did not parse or could not be executed"""
+    no_effect: bool = False
+    """the action ran but changed nothing on the page (the env's StepResult.no_effect)"""
     step_reward: float = 0.0
     """reward observed after this step (MiniWoB: 0 until done)"""
 
@@ -65,6 +67,8 @@ class Trajectory:
     failed: bool = False
     """the episode broke (browser crash, server failure); it carries no training signal"""
     n_invalid: int = 0
+    n_no_effect: int = 0
+    """valid steps whose action changed nothing on the page"""
     start_time: float = 0.0
     end_time: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)

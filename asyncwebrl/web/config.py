@@ -80,6 +80,10 @@ class EnvConfig:
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
     """reward added for an unparsable or impossible action"""
+    no_effect_penalty: float = 0.0
+    """reward added for a valid action that changed nothing on the page (typing into a button,
+    clicking empty space). Without it, a group mixing unparsable outputs with a valid do-nothing action
+    rewards the do-nothing action over the invalid ones, and the policy settles on it everywhere"""
     recycle_context_every: int = 1
     """episodes one browser context serves. 1 (default): a fresh context every episode, so nothing a
     page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the

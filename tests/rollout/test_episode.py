@@ -163,6 +163,26 @@ def test_unparsable_outputs_are_penalized_and_truncated(loop, adapter):
     assert traj.info["n_unchanged"] == 3
 
 
+def test_an_action_that_changes_nothing_is_penalized_apart_from_invalid_ones(loop, adapter):
+    """A click on empty space is a valid action that does nothing: it costs no_effect_penalty per
+    step; an unparsable output costs invalid_action_penalty and is not double counted; the button click
+    that solves a task costs nothing."""
+    cfg = EnvConfig(invalid_action_penalty=-0.1, no_effect_penalty=-0.05)
+    outputs = iter(["click [150, 200]", "gibberish", "click [150, 200]"])
+    client = ScriptedClient(adapter, lambda prompt: next(outputs), versions=False)
+    traj = play_one(loop, cfg, Task("miniwob/choose-list", seed=4, max_steps=3), client, adapter,
+                    InProcessPixelStore(), 0)
+    assert len(traj.steps) == 3 and not traj.success
+    assert [s.no_effect for s in traj.steps] == [True, False, True]
+    assert [s.invalid for s in traj.steps] == [False, True, False]
+    assert traj.n_no_effect == 2 and traj.n_invalid == 1
+    assert traj.reward == pytest.approx(-0.1 - 2 * 0.05)
+
+    solved = play_one(loop, cfg, Task("miniwob/click-test", seed=1, max_steps=3),
+                      ScriptedClient(adapter, oracle_from_prompt("click-test")), adapter, InProcessPixelStore(), 0)
+    assert solved.success and solved.n_no_effect == 0 and solved.reward == 1.0
+
+
 def test_browser_crash_gives_failed_trajectory_and_frees_pixels(loop, adapter):
     cfg = EnvConfig()
     store = InProcessPixelStore()
