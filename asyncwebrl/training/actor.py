@@ -295,6 +295,9 @@ class FSDPActor:
 
         stats = PPOStats()
         grad_norms = []
+        lr = self.lr_at(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.module.train()
         for j, mini in enumerate(local):
             self.optimizer.zero_grad(set_to_none=True)
@@ -325,6 +328,13 @@ class FSDPActor:
             if keys:
                 pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of train step `step` (1-based): the linear warm-up of `lr_warmup_steps`, then
+        `lr`. A function of the step count alone, which checkpoints keep, so a resumed run goes on where
+        it was without a scheduler state."""
+        w = self.cfg.lr_warmup_steps
+        return self.cfg.lr * (min(1.0, step / w) if w > 0 else 1.0)
 
     def _clip_and_step(self, optimizer: torch.optim.Optimizer | None = None) -> float:
         optimizer = optimizer or self.optimizer
@@ -392,6 +402,7 @@ class FSDPActor:
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1), n_samples=float(n_samples),
             n_dropped_missing_pixels=float(n_dropped), version=float(self.version),
             time_prox_s=t_prox, time_step_s=time.perf_counter() - t0,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
         )
         return out
 

@@ -22,6 +22,10 @@ class ActorConfig:
     """torch threads of a CPU trainer rank (0 = every core; fewer leaves cores to rollout when they share a machine)"""
     lr: float = 1e-5
     """AdamW learning rate"""
+    lr_warmup_steps: int = 0
+    """linear warm-up: train step k (1-based) uses lr * min(1, k / lr_warmup_steps); 0 = none. Adam's
+    first steps move every weight by about lr whatever the gradient's size (its second-moment estimate
+    has seen one or two gradients), which is what flips a small policy in one step"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     adam_betas: list[float] = None  # type: ignore[assignment]
@@ -75,6 +79,8 @@ class ActorConfig:
     def validate(self) -> None:
         if self.lr <= 0:
             raise ValueError("actor.lr must be > 0")
+        if self.lr_warmup_steps < 0:
+            raise ValueError("actor.lr_warmup_steps must be >= 0 (0 = no warm-up)")
         if self.cpu_threads < 0:
             raise ValueError("actor.cpu_threads must be >= 0 (0 = every core)")
         if self.eps_clip <= 0:

@@ -159,3 +159,20 @@ def test_bad_actor_config_is_rejected_before_any_model_loads():
         FSDPActor(ActorConfig(path=TINY, prox_logp_method="metrics", recompute_logprob=False))
     with pytest.raises(ValueError, match="mb_max_tokens"):
         FSDPActor(ActorConfig(path=TINY, mb_max_tokens=0))
+
+
+def test_lr_warmup_ramps_the_first_steps_and_resumes_from_the_step_count(tmp_path):
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.config import ActorConfig
+
+    torch.manual_seed(0)
+    actor = FSDPActor(ActorConfig(**{**CFG, "lr": 1e-4}, lr_warmup_steps=3))
+    lrs = [actor.train_step(make_samples(actor.adapter, 2, seed=s))["lr"] for s in range(2)]
+    assert lrs == pytest.approx([1e-4 / 3, 2e-4 / 3])
+    path = actor.save_checkpoint(tmp_path)
+    back = FSDPActor(ActorConfig(**{**CFG, "lr": 1e-4}, lr_warmup_steps=3))
+    back.load_checkpoint(path)
+    # the third and fourth steps of the run: the end of the ramp, then the full rate
+    assert [back.train_step(make_samples(back.adapter, 2, seed=s))["lr"] for s in (2, 3)] == pytest.approx([1e-4, 1e-4])
+    with pytest.raises(ValueError, match="lr_warmup_steps"):
+        FSDPActor(ActorConfig(path=TINY, lr_warmup_steps=-1))
