@@ -17,7 +17,7 @@ A group is only 4 episodes: a task at true success 1/4 has a 0-of-4 group a thir
 the bare EMA started from such a group is exactly 0, outside the zone, so the task fell to the floor
 after one look and was hardly seen again (measured 2026-12-01: click-test-2 at share 0.06 of 7 tasks
 in the 30-step default run, the task uniform sampling took from 0 to 0.75 greedy). With k = 1 a task
-leaves the zone after about three all-fail (or all-success) groups in a row, not one.
+leaves the zone after about four all-fail (or all-success) groups in a row, not one.
 
     priority_i = p_i (1 - p_i)           if eps <= p_i <= 1 - eps    (the productive zone)
                = 0                       otherwise
@@ -63,10 +63,8 @@ def group_counts(group: RolloutGroup) -> tuple[int, int]:
 
 def group_success_rate(group: RolloutGroup) -> float | None:
     """Share of successful episodes among the group's non-failed ones (None: nothing usable)."""
-    alive = [t for t in group.trajectories if not t.failed]
-    if not alive:
-        return None
-    return sum(1.0 for t in alive if t.success) / len(alive)
+    wins, n = group_counts(group)
+    return wins / n if n else None
 
 
 def zero_advantage(group: RolloutGroup) -> bool:
