@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from asyncwebrl.training.checkpoint import (
+    MODEL_FILE,
     complete_checkpoints,
     latest_complete_checkpoint,
     read_checkpoint,
@@ -57,16 +58,38 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
+def _wait_for(pred, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def _in_write(root, stage):
+    """True while the writer is inside a later write: a `.tmp-` folder exists and (for `stage`
+    "model") already holds the model file."""
+    tmps = [p for p in root.iterdir() if p.name.startswith(".tmp-")] if root.exists() else []
+    if stage == "started":
+        return bool(tmps)
+    return any((t / MODEL_FILE).exists() for t in tmps)
+
+
 def test_kill_during_write_leaves_a_usable_checkpoint(tmp_path):
+    """SIGKILL the writer while a write is under way (found by watching for its `.tmp-` folder, so
+    the kill does not depend on this machine's disk speed), at three different points of it."""
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     hit_mid_write = 0
-    for delay in (1.5, 2.3, 3.1):
-        root = tmp_path / f"run{delay}"
+    for stage in ("started", "model", "started-late"):
+        root = tmp_path / f"run-{stage}"
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE, env=env, text=True)
         try:
             first = proc.stdout.readline()  # one complete checkpoint exists
             assert first.strip() == "1"
-            time.sleep(delay)  # then kill at some point inside a later write
+            if stage == "started-late":
+                assert proc.stdout.readline().strip() == "2"  # a later write, after a prune ran
+            assert _wait_for(lambda: _in_write(root, stage.removesuffix("-late"))), "the writer never began another write"
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
