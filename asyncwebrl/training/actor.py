@@ -330,11 +330,8 @@ class FSDPActor:
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
     def lr_at(self, step: int) -> float:
-        """Learning rate of train step `step` (1-based): the linear warm-up of `lr_warmup_steps`, then
-        `lr`. A function of the step count alone, which checkpoints keep, so a resumed run goes on where
-        it was without a scheduler state."""
-        w = self.cfg.lr_warmup_steps
-        return self.cfg.lr * (min(1.0, step / w) if w > 0 else 1.0)
+        """Learning rate of train step `step` (1-based), from the step count alone (ActorConfig.lr_at)."""
+        return self.cfg.lr_at(step)
 
     def _clip_and_step(self, optimizer: torch.optim.Optimizer | None = None) -> float:
         optimizer = optimizer or self.optimizer

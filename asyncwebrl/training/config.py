@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,14 @@ class ActorConfig:
     """linear warm-up: train step k (1-based) uses lr * min(1, k / lr_warmup_steps); 0 = none. Adam's
     first steps move every weight by about lr whatever the gradient's size (its second-moment estimate
     has seen one or two gradients), which is what flips a small policy in one step"""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """after the warm-up: keep `lr`, or decay it (linearly or on a half cosine) to lr * min_lr_ratio at
+    step `lr_decay_steps`, and hold it there"""
+    lr_decay_steps: int = 0
+    """the step at which a decaying schedule reaches its floor (default.yaml sets ${total_train_steps});
+    the decay runs from the end of the warm-up to here"""
+    min_lr_ratio: float = 0.0
+    """the decayed schedule's floor, as a fraction of lr"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     adam_betas: list[float] = None  # type: ignore[assignment]
@@ -76,11 +85,31 @@ class ActorConfig:
         if self.adam_betas is None:
             self.adam_betas = [0.9, 0.999]
 
+    def lr_at(self, step: int) -> float:
+        """Learning rate of train step `step` (1-based): the linear warm-up of `lr_warmup_steps`, then
+        `lr` held or decayed by `lr_schedule` to `lr * min_lr_ratio` at `lr_decay_steps`. A function of
+        the step count alone, which checkpoints keep, so a resumed run goes on where it was without a
+        scheduler state."""
+        w = self.lr_warmup_steps
+        if w > 0 and step < w:
+            return self.lr * step / w
+        if self.lr_schedule == "constant":
+            return self.lr
+        # a decay that ends before the warm-up does (a run shorter than the ramp) is the floor after it
+        frac = min(1.0, max(0.0, (step - w) / max(1, self.lr_decay_steps - w)))
+        shape = 1.0 - frac if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)
+
     def validate(self) -> None:
         if self.lr <= 0:
             raise ValueError("actor.lr must be > 0")
         if self.lr_warmup_steps < 0:
             raise ValueError("actor.lr_warmup_steps must be >= 0 (0 = no warm-up)")
+        if self.lr_schedule != "constant" and self.lr_decay_steps < 1:
+            raise ValueError(f"actor.lr_schedule={self.lr_schedule} needs actor.lr_decay_steps >= 1 "
+                             f"(got {self.lr_decay_steps})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError("actor.min_lr_ratio must be in [0, 1]")
         if self.cpu_threads < 0:
             raise ValueError("actor.cpu_threads must be >= 0 (0 = every core)")
         if self.eps_clip <= 0:

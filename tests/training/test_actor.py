@@ -176,3 +176,29 @@ def test_lr_warmup_ramps_the_first_steps_and_resumes_from_the_step_count(tmp_pat
     assert [back.train_step(make_samples(back.adapter, 2, seed=s))["lr"] for s in (2, 3)] == pytest.approx([1e-4, 1e-4])
     with pytest.raises(ValueError, match="lr_warmup_steps"):
         FSDPActor(ActorConfig(path=TINY, lr_warmup_steps=-1))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_lr_decays_after_the_warm_up_to_its_floor_and_holds(schedule):
+    from asyncwebrl.training.config import ActorConfig
+
+    cfg = ActorConfig(path=TINY, lr=1e-4, lr_warmup_steps=2, lr_schedule=schedule, lr_decay_steps=12,
+                      min_lr_ratio=0.1)
+    cfg.validate()
+    lrs = [cfg.lr_at(k) for k in range(1, 16)]
+    assert lrs[:2] == pytest.approx([5e-5, 1e-4])  # the ramp, then the full rate at the end of it
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False))  # never rises after the warm-up
+    assert lrs[6] == pytest.approx(1e-4 * (0.1 + 0.9 * 0.5))  # half way (step 7 of 2..12), either shape
+    assert lrs[11:] == pytest.approx([1e-5] * 4)  # the floor from lr_decay_steps on
+    if schedule == "cosine":
+        assert lrs[3] > 1.05 * 1e-4 * (0.1 + 0.9 * 0.8)  # a cosine stays near the top longer than a line
+    # a run shorter than its ramp (a smoke run of the default config): the ramp, then the floor
+    short = ActorConfig(path=TINY, lr=1e-4, lr_warmup_steps=5, lr_schedule=schedule, lr_decay_steps=3,
+                        min_lr_ratio=0.1)
+    short.validate()
+    assert [short.lr_at(k) for k in (3, 5, 6)] == pytest.approx([6e-5, 1e-4, 1e-5])
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        ActorConfig(path=TINY, lr_schedule=schedule, lr_decay_steps=0).validate()
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        ActorConfig(path=TINY, lr_schedule=schedule, lr_decay_steps=10, min_lr_ratio=1.5).validate()
+

@@ -89,7 +89,8 @@ def test_kill_during_write_leaves_a_usable_checkpoint(tmp_path):
             assert first.strip() == "1"
             if stage == "started-late":
                 assert proc.stdout.readline().strip() == "2"  # a later write, after a prune ran
-            assert _wait_for(lambda: _in_write(root, stage.removesuffix("-late"))), "the writer never began another write"
+            point = stage.removesuffix("-late")
+            assert _wait_for(lambda r=root, s=point: _in_write(r, s)), "the writer never began another write"
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
