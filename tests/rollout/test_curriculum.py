@@ -157,6 +157,38 @@ def test_sampler_rejects_bad_weights_and_is_deterministic():
     assert {a.next().task_id for _ in range(2)} == {"miniwob/click-test", "miniwob/click-button"}
 
 
+def test_weighted_draws_track_the_shares_as_closely_as_shuffled_passes():
+    """What a run consumes per task is what the tracker asked for, not a lottery around it: independent
+    weighted draws gave one task 1 group and another 12 of 48 at shares of 0.06-0.19 (2026-12-01)."""
+    tasks = ["click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-dialog-2",
+             "focus-text", "focus-text-2", "click-tab"]
+    shares = [0.14, 0.19, 0.08, 0.08, 0.10, 0.09, 0.06, 0.12, 0.14]
+    for seed in range(20):
+        hosts = [TaskSampler(tasks, seed=seed * 1_000_003 + h * 7919) for h in range(2)]
+        for s in hosts:
+            s.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+        drawn: Counter = Counter()
+        for n in (12, 12, 76):  # draws per host, cumulative 24, 48, 200 in all (the union is consumed)
+            drawn.update(s.next().task_id for s in hosts for _ in range(n))
+            total = sum(drawn.values())
+            # independent draws: off by 3.9 (48 draws) and 8.3 (200) on average, by up to 7 and 19
+            for t, w in zip(tasks, shares, strict=True):
+                assert abs(drawn[f"miniwob/{t}"] - total * w) <= 4, (seed, total, t, drawn)
+    # a task with weight 0 is never drawn, the others still in proportion
+    s = TaskSampler(["click-test", "click-button", "click-link"], seed=3)
+    s.set_weights({"miniwob/click-test": 0.75, "miniwob/click-button": 0.25, "miniwob/click-link": 0.0})
+    drawn = Counter(s.next().task_id for _ in range(100))
+    assert drawn["miniwob/click-link"] == 0 and abs(drawn["miniwob/click-test"] - 75) <= 2
+    # resuming from the sampler state continues the same sequence
+    a = TaskSampler(tasks, seed=9)
+    a.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+    [a.next() for _ in range(17)]
+    b = TaskSampler(tasks, seed=0)
+    b.load_state_dict(a.state_dict())
+    b.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+    assert [a.next().group_key for _ in range(10)] == [b.next().group_key for _ in range(10)]
+
+
 def test_bad_config_is_rejected_at_load():
     from asyncwebrl.config import load_run_config
 
