@@ -15,6 +15,8 @@ aimed.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 import threading
 from typing import Any
@@ -139,13 +141,11 @@ class TaskSampler:
         order = list(range(len(weights)))
         rng.shuffle(order)  # a seeded slice order, so rollout hosts (different seeds) do not move in step
         u = (rng.random() + i * _GOLDEN) % 1.0
-        target = u * sum(weights)
-        acc = 0.0
-        for j in order:
-            acc += weights[j]
-            if target < acc:
-                return j
-        return next(j for j in reversed(order) if weights[j] > 0)  # u * total rounded up to the total
+        ends = list(itertools.accumulate(weights[j] for j in order))
+        k = bisect.bisect_right(ends, u * ends[-1])  # the first slice ending past the point
+        if k == len(order):  # u * total rounded up to the total: the last slice with any weight
+            k = bisect.bisect_left(ends, ends[-1])
+        return order[k]
 
     def next(self) -> Task:
         with self._lock:

@@ -163,10 +163,11 @@ def test_weighted_draws_track_the_shares_as_closely_as_shuffled_passes():
     tasks = ["click-test", "click-test-2", "click-button", "click-link", "click-dialog", "click-dialog-2",
              "focus-text", "focus-text-2", "click-tab"]
     shares = [0.14, 0.19, 0.08, 0.08, 0.10, 0.09, 0.06, 0.12, 0.14]
+    weights = {f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)}
     for seed in range(20):
         hosts = [TaskSampler(tasks, seed=seed * 1_000_003 + h * 7919) for h in range(2)]
         for s in hosts:
-            s.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+            s.set_weights(weights)
         drawn: Counter = Counter()
         for n in (12, 12, 76):  # draws per host, cumulative 24, 48, 200 in all (the union is consumed)
             drawn.update(s.next().task_id for s in hosts for _ in range(n))
@@ -181,11 +182,11 @@ def test_weighted_draws_track_the_shares_as_closely_as_shuffled_passes():
     assert drawn["miniwob/click-link"] == 0 and abs(drawn["miniwob/click-test"] - 75) <= 2
     # resuming from the sampler state continues the same sequence
     a = TaskSampler(tasks, seed=9)
-    a.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+    a.set_weights(weights)
     [a.next() for _ in range(17)]
     b = TaskSampler(tasks, seed=0)
     b.load_state_dict(a.state_dict())
-    b.set_weights({f"miniwob/{t}": w for t, w in zip(tasks, shares, strict=True)})
+    b.set_weights(weights)
     assert [a.next().group_key for _ in range(10)] == [b.next().group_key for _ in range(10)]
 
 
