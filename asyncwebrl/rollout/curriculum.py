@@ -26,6 +26,20 @@ leaves the zone after about four all-fail (or all-success) groups in a row, not 
     share_i    = floor / N + (1 - floor) * priority_i / sum_j priority_j
                = 1 / N                   when every priority is 0
 
+Forgotten is not out of reach. A task that drops below the zone after the policy had learnt it (the
+policy un-learns it while training on others) would fall to the floor exactly when it most needs
+groups. So each task also keeps its best estimate b_i, which decays towards p_i at a third of the EMA rate
+per consumed group of it; while b_i - p_i >= `relearn_drop` the task is relearning and gets the top
+priority 1/4, like a task never seen:
+
+    b_i <- p_i                                   if p_i >= b_i
+         <- p_i + (1 - alpha / 3) (b_i - p_i)    otherwise        (per consumed group, own data only)
+
+A task that never succeeded never relearns (b_i stays at its own low estimates); one at 0.8 that
+fails every group from then on is relearning from its second failed group to its tenth (alpha = 0.3,
+k = 1, relearn_drop = 0.3; its estimate is 0.06 by then), then keeps the floor. At half the EMA rate
+the boost ended at an estimate of 0.1, before the task sank to the floor it was meant to keep it from.
+
 The prior (`prior=eval`): the test-rollout group evaluates the starting checkpoint greedily on the
 training tasks anyway; the controller hands each evaluation's per-task success to `observe_eval`. It
 stands in for a task's estimate until the task has `min_groups` consumed groups, and the EMA starts
@@ -90,6 +104,8 @@ class TaskStat:
     """discounted successful episodes S (module docstring)"""
     failures: float = 0.0
     """discounted failed episodes F"""
+    best: float | None = None
+    """best own estimate so far, decaying towards the current one (module docstring: relearning)"""
 
     def estimate(self, k: float) -> float | None:
         """p = (S + k m) / (S + F + k), m = the prior or 1/2; None when nothing at all is known."""
@@ -115,10 +131,12 @@ class CurriculumRecord:
     """tasks whose EMA success lies in the productive zone [eps, 1 - eps]"""
     prior: dict[str, float] = field(default_factory=dict)
     """evaluation prior per task (prior=eval; only the tasks that got one)"""
+    relearning: int = 0
+    """tasks whose estimate fell relearn_drop or more below their best (given the top priority)"""
 
     def flat(self) -> dict[str, float]:
         """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>, prior.<task>."""
-        out: dict[str, float] = {"in_zone": float(self.in_zone)}
+        out: dict[str, float] = {"in_zone": float(self.in_zone), "relearning": float(self.relearning)}
         for t, v in self.success.items():
             if v is not None:
                 out[f"success.{t}"] = v
@@ -159,6 +177,10 @@ class TaskCurriculum:
             st.successes = (1 - a) * st.successes + wins
             st.failures = (1 - a) * st.failures + (n - wins)
             st.groups += 1
+            if st.groups >= self.cfg.min_groups:
+                p = st.estimate(self.cfg.prior_episodes)
+                if p is not None:
+                    st.best = p if st.best is None or p >= st.best else p + (1 - a / 3) * (st.best - p)
             if zero_advantage(g):
                 st.zero_adv_groups += 1
                 zero += 1
@@ -188,10 +210,19 @@ class TaskCurriculum:
             p = st.estimate(k) if st.groups > 0 else st.prior
         else:
             return 0.25
-        if p is None:
+        if p is None or self.relearning(task):
             return 0.25
         eps = self.cfg.epsilon
         return p * (1 - p) if eps <= p <= 1 - eps else 0.0
+
+    def relearning(self, task: str) -> bool:
+        """True while the task's estimate lies relearn_drop or more below its (decaying) best."""
+        st = self.stats.get(task)
+        drop = self.cfg.relearn_drop
+        if not drop or st is None or st.best is None or st.groups < max(1, self.cfg.min_groups):
+            return False
+        p = st.estimate(self.cfg.prior_episodes)
+        return p is not None and st.best - p >= drop
 
     def shares(self) -> dict[str, float]:
         """Sampling probability per task (uniform in mode=uniform)."""
@@ -221,13 +252,15 @@ class TaskCurriculum:
             groups={t: self.stats[t].groups if t in self.stats else 0 for t in self.tasks},
             in_zone=sum(1 for v in success.values() if v is not None and eps <= v <= 1 - eps),
             prior={t: st.prior for t, st in self.stats.items() if st.prior is not None},
+            relearning=sum(self.relearning(t) for t in self.tasks),
         )
 
     # ---- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"mode": self.cfg.mode,
                 "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups,
-                              "prior": s.prior, "successes": s.successes, "failures": s.failures}
+                              "prior": s.prior, "successes": s.successes, "failures": s.failures,
+                              "best": s.best}
                           for t, s in self.stats.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -237,4 +270,5 @@ class TaskCurriculum:
         for t, s in tasks.items():
             self.stats[t] = TaskStat(success_ema=s.get("success_ema"), groups=int(s.get("groups", 0)),
                                      zero_adv_groups=int(s.get("zero_adv_groups", 0)), prior=s.get("prior"),
-                                     successes=float(s.get("successes", 0.0)), failures=float(s.get("failures", 0.0)))
+                                     successes=float(s.get("successes", 0.0)), failures=float(s.get("failures", 0.0)),
+                                     best=s.get("best"))

@@ -31,6 +31,12 @@ class TaskSamplingConfig:
     consumed). Not the default: greedy success is not sampled success. Measured 2026-12-01 (miniwob-easy,
     12 steps): click-test-2 scored 0 greedy, so the prior kept it at the floor, while uniform sampling
     took it from 0 to 0.75 in both seeds; adaptive with the prior ended at 0.472 against 0.639"""
+    relearn_drop: float = 0.3
+    """a task whose estimate fell this far below its best is being forgotten, not out of reach: it gets
+    the top priority (1/4) until it recovers or its decaying best comes within this of the estimate
+    (about nine consumed groups after a fall from 0.8). Measured 2026-12-01 (miniwob-easy, 24 steps, seed 2):
+    click-dialog fell from 0.83 to 0 greedy under adaptive sampling, whose share then fell to the floor,
+    while uniform kept it at 0.83 / 1.0. 0 = off"""
     prior_wait_s: float = 300.0
     """adaptive + prior=eval, fresh run: rollout starts after that first evaluation, or after this many
     seconds (0 = start at once and fold the prior in when it arrives)"""
@@ -50,6 +56,8 @@ class TaskSamplingConfig:
             raise ValueError(f"env.task_sampling.prior must be 'none' or 'eval', got {self.prior!r}")
         if self.prior_wait_s < 0:
             raise ValueError("env.task_sampling.prior_wait_s must be >= 0")
+        if not 0 <= self.relearn_drop <= 1:
+            raise ValueError("env.task_sampling.relearn_drop must be in [0, 1] (0 = off)")
 
 
 @dataclass(kw_only=True)

@@ -83,6 +83,50 @@ def test_one_all_fail_group_does_not_send_a_task_to_the_floor():
         TaskCurriculum(tasks, _adaptive(prior_episodes=-1.0))
 
 
+def test_a_forgotten_task_is_relearnt_not_dropped_and_a_hopeless_one_never_is():
+    """A task the policy had learnt and then un-learns gets the top priority while it is down; a task
+    that never succeeded sits at the same low estimate yet keeps only the floor; and the boost ends
+    after a bounded number of failing groups if the task does not come back."""
+    tasks = ["m/forgotten", "m/hopeless", "m/half"]
+    cur = TaskCurriculum(tasks, _adaptive(floor=0.2))
+    off = TaskCurriculum(tasks, _adaptive(floor=0.2, relearn_drop=0.0))
+    for c in (cur, off):
+        for i in range(8):
+            c.observe([_group(f"m/forgotten#{i}", [True, True, True, i % 2 == 0]),
+                       _group(f"m/half#{i}", [True, False, True, False])])
+    assert cur.record().relearning == 0  # learnt, not forgotten
+    fails, boosted = 0, 0
+    while cur.record().success["m/forgotten"] > 0.08:  # the policy un-learns it
+        for c in (cur, off):
+            c.observe([_group(f"m/forgotten#f{fails}", [False] * 4)])
+        fails += 1
+        assert fails < 20
+    for i in range(fails + 8):
+        for c in (cur, off):
+            c.observe([_group(f"m/hopeless#{i}", [False] * 4)])
+    p_forgotten, p_hopeless = (cur.record().success[t] for t in ("m/forgotten", "m/hopeless"))
+    assert p_hopeless < p_forgotten < 0.08  # both low; only their histories differ
+    assert cur.relearning("m/forgotten") and not cur.relearning("m/hopeless")
+    assert cur.record().relearning == 1 and cur.record().flat()["relearning"] == 1.0
+    share, plain = cur.shares(), off.shares()
+    # the top priority, as much as a task at success 1/2; the hopeless one keeps the floor
+    assert share["m/forgotten"] == pytest.approx(share["m/half"]) and share["m/half"] > 0.4
+    assert share["m/hopeless"] == pytest.approx(0.2 / 3)
+    assert share["m/forgotten"] > 1.5 * plain["m/forgotten"]  # without the rule it sinks to the floor
+    back = TaskCurriculum(tasks, _adaptive(floor=0.2))  # the best estimate survives a checkpoint
+    back.load_state_dict(cur.state_dict())
+    assert back.shares() == share
+    while cur.relearning("m/forgotten"):  # it does not come back: the boost runs out
+        cur.observe([_group(f"m/forgotten#g{boosted}", [False] * 4)])
+        boosted += 1
+        assert boosted <= 10
+    assert cur.shares()["m/forgotten"] < share["m/half"]
+    cur.observe([_group("m/forgotten#back", [True, True, False, False])])
+    assert not cur.relearning("m/forgotten")  # back in the zone: the ordinary p(1 - p) rule
+    with pytest.raises(ValueError, match="relearn_drop"):
+        TaskCurriculum(tasks, _adaptive(relearn_drop=1.5))
+
+
 def test_uniform_mode_only_tracks():
     cur = TaskCurriculum(TRUE_P, TaskSamplingConfig())
     cur.observe([_group("synthetic/half#1", [True, False]), _group("synthetic/always#1", [True, True])])
