@@ -19,7 +19,9 @@ END = "<!-- performance:end -->"
 ROWS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("train-default", [("success_first", "train success, first window"), ("success_last", "train success, last window"),
                        ("success_gain", "success gain"), ("eval_first", "eval success, first checkpoint"),
-                       ("eval_last", "eval success, last checkpoint"), ("run_time_s", "run time (s)")], "make train"),
+                       ("eval_last", "eval success, last checkpoint"), ("eval_gain", "eval gain, training tasks"),
+                       ("heldout_eval_first", "held-out eval, first checkpoint"),
+                       ("heldout_eval_last", "held-out eval, last checkpoint"), ("run_time_s", "run time (s)")], "make train"),
     ("e2e", [("steady_state_speedup", "async/sync, steady state (median step)"),
              ("whole_run_speedup", "async/sync trajectories/s, whole run"),
              ("ideal_overlap_bound", "ideal-overlap bound"), ("share_of_ideal", "steady state / bound"),
