@@ -197,6 +197,19 @@ def _point(action: dict[str, Any], elements: list[dict[str, Any]], coord_mode: s
     return x, y
 
 
+EDITABLE_ROLES = frozenset({"textbox", "searchbox", "combobox", "spinbutton"})
+"""element roles that take typed text (a <select> is a combobox too, but has `options` and its own action)"""
+
+
+def is_editable(el: dict[str, Any]) -> bool:
+    """Whether `type [id] [text]` can put text into this listed element. Like BrowserGym's `fill`, which
+    refuses an element that is not an input, textarea or contenteditable, typing into a link or button
+    is an error here, not a click: measured 2026-12-02, the old click-then-type let `type [1] [a]`
+    succeed on click-link whenever element 1 was the target, which taught the policy to type on every
+    click task (the prompt's own example `type [1] [Bob]`)."""
+    return bool(el.get("editable")) or el.get("role") in EDITABLE_ROLES
+
+
 async def act(page, action: dict[str, Any] | None, elements: list[dict[str, Any]], cfg: Any, *,
               episode_done: bool) -> tuple[bool, dict[str, Any]]:
     """The guarded action of an env's step(): (executed, info), where info["error"] says why nothing
@@ -229,6 +242,9 @@ async def execute_action(page, action: dict[str, Any], elements: list[dict[str, 
         if el is not None and "options" in el:
             return False, (f"element [{action['element']}] is a drop-down list: typing does not choose an "
                            f"option; use select [{action['element']}] [option]")
+        if el is not None and not is_editable(el):
+            return False, (f"element [{action['element']}] is a {el.get('role') or 'element'}, not a text "
+                           f"field: nothing to type into; use click [{action['element']}]")
     if t in ("click", "type") or (t == "scroll" and ("element" in action or "x" in action)):
         target = _point(action, elements, coord_mode, width, height)
         if isinstance(target, str):

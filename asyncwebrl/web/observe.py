@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw
 MAX_ELEMENTS = 40
 """cap on listed elements: the list is prompt text, and prompt length dominates CPU cost"""
 
-# A JS function expression: (maxN) -> [[{id, role, name, box:[x,y,w,h], point?, checked?}], [DOM
+# A JS function expression: (maxN) -> [[{id, role, name, box:[x,y,w,h], point?, checked?, editable?}], [DOM
 # nodes]]. Interactive = form controls, links, ARIA roles, click handlers, or a pointer cursor
 # (MiniWoB styles its links that way).
 ELEMENTS_FN = r"""
@@ -73,6 +73,7 @@ ELEMENTS_FN = r"""
                        Math.round(Math.min(H, r.bottom) - y)]};
     if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
     if (e.tagName === 'SELECT') selectState(e, rec);
+    if (e.isContentEditable) rec.editable = true;  // a rich-text editor <div>: typed into like a textbox
     // a point where the element itself receives the click (siblings may overlap its center)
     const [bx, by, bw, bh] = rec.box;
     for (const [fx, fy] of [[.5, .5], [.25, .25], [.75, .25], [.25, .75], [.75, .75], [.5, .15], [.5, .85], [.15, .5], [.85, .5]]) {
