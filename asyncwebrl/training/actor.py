@@ -71,6 +71,8 @@ class PolicyWithLossHead(nn.Module):
         # logprobs of the sampling distribution: the servers report log_softmax(logits / T) (SGLang's
         # convention), so pi_theta and pi_prox must be taken at the same T for the ratios to mean anything
         self.temperature = temperature if temperature and temperature > 0 else 1.0
+        self.entropy_grad = False
+        """set when the loss carries an entropy bonus: the entropy is then differentiable"""
 
     def forward(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor, cols: torch.Tensor,
                 targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +81,7 @@ class PolicyWithLossHead(nn.Module):
         logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float() / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1).clone()  # FSDP hooks dislike views
-        with torch.no_grad():
+        with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
@@ -138,6 +140,7 @@ class FSDPActor:
         self.n_frozen = freeze_vision(hf) if cfg.freeze_vision else 0
         self.hf = hf
         self.module = PolicyWithLossHead(hf, cfg.temperature)
+        self.module.entropy_grad = cfg.entropy_coef > 0
         self.autocast = False
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh
@@ -312,9 +315,11 @@ class FSDPActor:
                     prox = fb.prox.to(self.device)
                 loss, st = ppo_loss_sum(logp, prox, behave, fb.advantages.to(self.device),
                                         torch.ones_like(behave, dtype=torch.bool), self.ppo, mini_tokens[j])
+                if cfg.entropy_coef > 0:  # the bonus, on the same global token mean as the PPO term
+                    loss = loss - cfg.entropy_coef * entropy.sum() / max(float(mini_tokens[j]), 1.0)
                 # FSDP averages gradients over ranks; the loss is a share of the GLOBAL sum, so undo it
                 (loss * self.world_size).backward()
-                st.entropy_sum = float(entropy.sum())
+                st.entropy_sum = float(entropy.detach().sum())
                 if method == "metrics":
                     approx = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
                     st.prox_err_sum = float((approx - prox).abs().sum())

@@ -60,6 +60,11 @@ class ActorConfig:
     """tokens whose weight exceeds the cap are masked out or clamped to the cap"""
     eps_clip: float = 0.2
     """PPO clip epsilon (lower side)"""
+    entropy_coef: float = 0.0
+    """entropy bonus: the loss subtracts entropy_coef x the token-mean entropy of the (temperature-scaled)
+    policy at the generated tokens' positions; 0 = none (and the entropy is then computed without a
+    gradient, as a statistic only). Keeps a small policy from collapsing onto one answer, after which
+    every GRPO group has all-zero advantages and teaches nothing"""
     eps_clip_higher: float | None = None
     """PPO clip epsilon on the upper side (None = eps_clip)"""
     group_adv_norm: bool = True
@@ -125,6 +130,8 @@ class ActorConfig:
                              "actor.recompute_logprob=true")
         if self.mb_max_tokens < 1:
             raise ValueError("actor.mb_max_tokens must be >= 1")
+        if not self.entropy_coef >= 0:
+            raise ValueError(f"actor.entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.ppo_n_minibatches < 1:
             raise ValueError("actor.ppo_n_minibatches must be >= 1")
         if self.max_grad_norm <= 0:
