@@ -315,8 +315,8 @@ class FSDPActor:
                     prox = fb.prox.to(self.device)
                 loss, st = ppo_loss_sum(logp, prox, behave, fb.advantages.to(self.device),
                                         torch.ones_like(behave, dtype=torch.bool), self.ppo, mini_tokens[j])
-                if cfg.entropy_coef > 0:  # the bonus, on the same global token mean as the PPO term
-                    loss = loss - cfg.entropy_coef * entropy.sum() / max(float(mini_tokens[j]), 1.0)
+                if cfg.entropy_coef > 0:
+                    loss = loss + self._entropy_term(entropy, mini_tokens[j])
                 # FSDP averages gradients over ranks; the loss is a share of the GLOBAL sum, so undo it
                 (loss * self.world_size).backward()
                 st.entropy_sum = float(entropy.detach().sum())
@@ -333,6 +333,15 @@ class FSDPActor:
             if keys:
                 pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
+
+    def _entropy_term(self, entropy: torch.Tensor, global_n_tokens: float) -> torch.Tensor:
+        """The entropy bonus of one micro-batch, on the same global token mean as the PPO term: minus
+        entropy_coef x its share of the mean entropy, or, with entropy_target, only while this
+        micro-batch's own token-mean entropy is below the target (zero above it: no overshoot)."""
+        cfg = self.cfg
+        if cfg.entropy_target is not None and float(entropy.detach().mean()) >= cfg.entropy_target:
+            return entropy.sum() * 0.0
+        return -cfg.entropy_coef * entropy.sum() / max(float(global_n_tokens), 1.0)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of train step `step` (1-based), from the step count alone (ActorConfig.lr_at)."""

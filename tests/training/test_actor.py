@@ -224,3 +224,23 @@ def test_entropy_bonus_raises_the_policy_entropy_where_the_advantages_are_zero()
     assert flat[-1] == pytest.approx(flat[0], rel=1e-4)  # zero advantages, no bonus: nothing moves
     assert bonus[0] == pytest.approx(flat[0], rel=1e-4)  # the same policy before the first update
     assert bonus[-1] > bonus[0] * 1.5  # measured: 0.26 -> 0.58 -> 1.01
+
+
+@pytest.mark.slow
+def test_entropy_target_stops_the_bonus_once_the_entropy_is_above_it():
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.config import ActorConfig
+
+    out = {}
+    for target in (0.2, 10.0):  # measured start: 0.26 at temperature 0.05
+        torch.manual_seed(0)
+        actor = FSDPActor(ActorConfig(**{**CFG, "lr": 1e-4}, entropy_coef=0.5, entropy_target=target,
+                                      weight_decay=0.0, temperature=0.05))
+        samples = make_samples(actor.adapter, 3, stale=False)
+        for s in samples:
+            s.advantage = 0.0
+        out[target] = [actor.train_step(samples)["entropy"] for _ in range(3)]
+    assert out[0.2][-1] == pytest.approx(out[0.2][0], rel=1e-4)  # already above the floor: no push
+    assert out[10.0][-1] > out[10.0][0] * 1.5  # below it: the bonus acts as without a target
+    with pytest.raises(ValueError, match="entropy_target"):
+        FSDPActor(ActorConfig(path=TINY, entropy_coef=0.1, entropy_target=0.0))
