@@ -65,13 +65,13 @@ class BCStats:
 class PolicyWithLossHead(nn.Module):
     """The HF model, with a forward that returns token logprobs (and entropy) at chosen positions only."""
 
-    def __init__(self, hf: nn.Module, temperature: float | None = 1.0):
+    def __init__(self, hf: nn.Module, temperature: float | None = 1.0, entropy_grad: bool = False):
         super().__init__()
         self.policy = hf
         # logprobs of the sampling distribution: the servers report log_softmax(logits / T) (SGLang's
         # convention), so pi_theta and pi_prox must be taken at the same T for the ratios to mean anything
         self.temperature = temperature if temperature and temperature > 0 else 1.0
-        self.entropy_grad = False
+        self.entropy_grad = entropy_grad
         """set when the loss carries an entropy bonus: the entropy is then differentiable"""
 
     def forward(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor, cols: torch.Tensor,
@@ -139,8 +139,7 @@ class FSDPActor:
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.n_frozen = freeze_vision(hf) if cfg.freeze_vision else 0
         self.hf = hf
-        self.module = PolicyWithLossHead(hf, cfg.temperature)
-        self.module.entropy_grad = cfg.entropy_coef > 0
+        self.module = PolicyWithLossHead(hf, cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
         self.autocast = False
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh

@@ -60,6 +60,8 @@ class ActorConfig:
     """tokens whose weight exceeds the cap are masked out or clamped to the cap"""
     eps_clip: float = 0.2
     """PPO clip epsilon (lower side)"""
+    eps_clip_higher: float | None = None
+    """PPO clip epsilon on the upper side (None = eps_clip)"""
     entropy_coef: float = 0.0
     """entropy bonus: the loss subtracts entropy_coef x the token-mean entropy of the (temperature-scaled)
     policy at the generated tokens' positions; 0 = none (and the entropy is then computed without a
@@ -69,8 +71,6 @@ class ActorConfig:
     """with entropy_coef > 0: the bonus acts only on a micro-batch whose token-mean entropy is below this
     (a floor, c x max(0, target - H)); None = always (a plain bonus). Unbounded, the bonus overshoots:
     measured 2026-12-02 at entropy_coef 0.03, entropy 0.3 -> 1.4 and 69% unparsable actions by step 19"""
-    eps_clip_higher: float | None = None
-    """PPO clip epsilon on the upper side (None = eps_clip)"""
     group_adv_norm: bool = True
     """GRPO: normalize rewards within the n_samples rollouts of a task"""
     adv_std_norm: bool = True

@@ -198,7 +198,8 @@ def _point(action: dict[str, Any], elements: list[dict[str, Any]], coord_mode: s
 
 
 EDITABLE_ROLES = frozenset({"textbox", "searchbox", "combobox", "spinbutton"})
-"""element roles that take typed text (a <select> is a combobox too, but has `options` and its own action)"""
+"""element roles that take typed text (a <select> is a combobox too, but it has `options`, is not
+editable, and has its own action)"""
 
 
 def is_editable(el: dict[str, Any]) -> bool:
@@ -207,7 +208,7 @@ def is_editable(el: dict[str, Any]) -> bool:
     is an error here, not a click: measured 2026-12-02, the old click-then-type let `type [1] [a]`
     succeed on click-link whenever element 1 was the target, which taught the policy to type on every
     click task (the prompt's own example `type [1] [Bob]`)."""
-    return bool(el.get("editable")) or el.get("role") in EDITABLE_ROLES
+    return "options" not in el and (bool(el.get("editable")) or el.get("role") in EDITABLE_ROLES)
 
 
 async def act(page, action: dict[str, Any] | None, elements: list[dict[str, Any]], cfg: Any, *,
@@ -239,12 +240,13 @@ async def execute_action(page, action: dict[str, Any], elements: list[dict[str, 
         return (False, why) if why else (True, "")
     if t == "type" and "element" in action:
         el = element_by_id(elements, action["element"])
-        if el is not None and "options" in el:
-            return False, (f"element [{action['element']}] is a drop-down list: typing does not choose an "
-                           f"option; use select [{action['element']}] [option]")
         if el is not None and not is_editable(el):
-            return False, (f"element [{action['element']}] is a {el.get('role') or 'element'}, not a text "
-                           f"field: nothing to type into; use click [{action['element']}]")
+            i = action["element"]
+            if "options" in el:
+                return False, (f"element [{i}] is a drop-down list: typing does not choose an option; "
+                               f"use select [{i}] [option]")
+            return False, (f"element [{i}] is a {el.get('role') or 'element'}, not a text field: nothing "
+                           f"to type into; use click [{i}]")
     if t in ("click", "type") or (t == "scroll" and ("element" in action or "x" in action)):
         target = _point(action, elements, coord_mode, width, height)
         if isinstance(target, str):
