@@ -87,7 +87,7 @@ def cmd_record_screens(args) -> int:
 
 
 def cmd_record_latency(args) -> int:
-    from asyncwebrl.web.latency import record_latency_main
+    from asyncwebrl.bench.latency import record_latency_main
 
     return record_latency_main(args.out, args.episodes, args.concurrency, args.tasks, args.seed)
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from asyncwebrl.bench.arms import ArmResult, run_arm
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DEFAULTS = {
     "steps": 3,

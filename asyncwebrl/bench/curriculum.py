@@ -18,7 +18,8 @@ import statistics
 from typing import Any
 
 from asyncwebrl.bench.arms import ArmResult, run_arm
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DEFAULTS = {
     # 8 steps (16 groups over 9 tasks) measured 1.00x with the blind tracker: it spent the budget

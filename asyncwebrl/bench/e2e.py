@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.bench.common import RESULTS_DIR, parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import RESULTS_DIR, write_result
 
 DEFAULTS = {
     "steps": 12,

@@ -24,7 +24,8 @@ from typing import Any
 
 import psutil
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 from asyncwebrl.web.base import Task
 from asyncwebrl.web.browser import BrowserPool
 from asyncwebrl.web.config import EnvConfig

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DATASHEET_HBM_BYTES_PER_S = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
 

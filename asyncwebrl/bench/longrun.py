@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DEFAULTS: dict[str, Any] = {
     "steps": 200,

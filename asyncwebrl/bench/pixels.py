@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DEFAULTS: dict[str, Any] = {
     "concurrency": [16, 64, 256],
@@ -154,7 +155,7 @@ class EpisodeWorker:
     def run(self, n: int, steps: int, kind: str, mode: str, seed: int) -> tuple[list[Any], list[float], int]:
         from concurrent.futures import ThreadPoolExecutor
 
-        from asyncwebrl.rollout.trajectory import StepSample, Trajectory, new_id
+        from asyncwebrl.records import StepSample, Trajectory, new_id
 
         shots = self.shots[kind]
         put_lat: list[float] = []

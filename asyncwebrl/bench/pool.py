@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 from asyncwebrl.weights.version import PolicyVersion
 
 DEFAULTS: dict[str, Any] = {

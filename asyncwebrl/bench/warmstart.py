@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.bench.common import parse_overrides, print_table, write_result
+from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.results import write_result
 
 DEFAULTS = {
     # sized for 2 shared cores (measured: one BC update on 14 demonstration steps took 2-3.5 min there)
@@ -101,11 +102,11 @@ def _config(knobs: dict[str, Any]):
 
 
 def run(knobs: dict[str, Any]) -> WarmStartBench:
+    from asyncwebrl.controller.warm_start import run_warm_start, warm_start_tasks
     from asyncwebrl.evaluation.evaluate import evaluate_model
     from asyncwebrl.models.prepare import resolve_model_path
     from asyncwebrl.rollout.workflow import cached_adapter
     from asyncwebrl.scheduling.trainer_host import start_trainer
-    from asyncwebrl.training.warm_start import run_warm_start, warm_start_tasks
 
     cfg = _config(knobs)
     work = Path(knobs["workdir"])

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.bench.common import print_table, write_result
+from asyncwebrl.bench.common import print_table
 from asyncwebrl.net import LOOPBACK
+from asyncwebrl.results import write_result
 from asyncwebrl.weights.bracket import RefreshBracket
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, join_group

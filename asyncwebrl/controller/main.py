@@ -149,8 +149,8 @@ class Controller:
         before it. A resumed run never redoes it: its checkpoint holds the warm-started weights."""
         if not self.cfg.warm_start.enabled:
             return
+        from asyncwebrl.controller.warm_start import run_warm_start
         from asyncwebrl.rollout.workflow import cached_adapter
-        from asyncwebrl.training.warm_start import run_warm_start
 
         t0 = self.run.now()
         rep = run_warm_start(self.cfg, self.sys.trainer, cached_adapter(self.sys.model_path))
@@ -445,7 +445,7 @@ def run_training(cfg: RunConfig, record: str | None = None) -> RunSummary:
         system.shutdown()
         run.close()
     if record:
-        from asyncwebrl.bench.common import write_result
+        from asyncwebrl.results import write_result
 
         write_result(record, to_dict(cfg), dict(summary.as_dict(), run_time_s=summary.run_time_s,
                                                 run_dir=str(run.root)))

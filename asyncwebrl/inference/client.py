@@ -27,15 +27,8 @@ import time
 import uuid
 from typing import Any
 
-import aiohttp
-
-from asyncwebrl.protocol import (
-    GenerationOutput,
-    ProtocolError,
-    build_generate_payload,
-    error_message,
-    parse_version,
-)
+from asyncwebrl.protocol import GenerationOutput, ProtocolError, build_generate_payload, parse_version
+from asyncwebrl.server_http import ServerAuthError, ServerError, ServerHttp
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +37,11 @@ class InferenceUnavailable(RuntimeError):
     """No server could answer (all failed after retries)."""
 
 
-class InferenceAuthError(RuntimeError):
-    """The server refused the API key (HTTP 401)."""
+InferenceAuthError = ServerAuthError
 
 
-class _ServerError(RuntimeError):
-    """A retryable failure: transport error, timeout or 5xx."""
 
-
-class InferenceClient:
+class InferenceClient(ServerHttp):
     """Async HTTP client for a group of inference servers (one event loop per session)."""
 
     def __init__(
@@ -68,9 +57,7 @@ class InferenceClient:
     ):
         if not addresses:
             raise ValueError("InferenceClient needs at least one server address")
-        self.addresses = [a.rstrip("/") if "://" in a else f"http://{a.rstrip('/')}" for a in addresses]
-        self.api_key = api_key
-        self.timeout_s = timeout_s
+        super().__init__(addresses, api_key=api_key, timeout_s=timeout_s)
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self.failure_cooldown_s = failure_cooldown_s
@@ -78,7 +65,6 @@ class InferenceClient:
         self._failed_until: dict[str, float] = {}
         self._sticky: dict[str, str] = {}
         self._inflight: dict[str, int] = {a: 0 for a in self.addresses}
-        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self.stats = {"requests": 0, "resubmits": 0, "retries": 0, "failovers": 0}
 
     # ---- server health / choice ------------------------------------------------------------------
@@ -110,45 +96,6 @@ class InferenceClient:
             self._sticky[sticky_key] = addr
         return addr
 
-    # ---- transport --------------------------------------------------------------------------------
-    def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        s = self._sessions.get(loop)
-        if s is None or s.closed:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            s = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
-            self._sessions[loop] = s
-        return s
-
-    async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        s = self._sessions.pop(loop, None)
-        if s is not None:
-            await s.close()
-
-    async def call(self, addr: str, endpoint: str, payload: dict[str, Any] | None = None, *,
-                   method: str = "POST", timeout_s: float | None = None) -> dict[str, Any]:
-        """One HTTP call, no retry. ProtocolError on 400, InferenceAuthError on 401, _ServerError otherwise."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
-        url = f"{addr}{endpoint}"
-        try:
-            async with self._session().request(method, url, json=payload if method == "POST" else None,
-                                               timeout=timeout) as r:
-                try:
-                    body = await r.json(content_type=None)
-                except (ValueError, aiohttp.ContentTypeError):
-                    body = {"message": (await r.text())[:500]}
-                if r.status == 200:
-                    return body if isinstance(body, dict) else {"value": body}
-                msg = f"HTTP {r.status}: {error_message(body)}"
-                if r.status == 401:
-                    raise InferenceAuthError(f"{url}: {msg}")
-                if 400 <= r.status < 500 and r.status not in (404, 408, 429):
-                    raise ProtocolError(f"{url}: {msg}")
-                raise _ServerError(f"{url}: {msg}")
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise _ServerError(f"{url}: {type(e).__name__}: {e}") from e
-
     async def _call_with_failover(self, endpoint: str, payload: dict[str, Any],
                                   sticky_key: str | None) -> tuple[str, dict[str, Any]]:
         tried: set[str] = set()
@@ -162,7 +109,7 @@ class InferenceClient:
                 for attempt in range(self.max_retries + 1):
                     try:
                         return addr, await self.call(addr, endpoint, payload)
-                    except _ServerError as e:
+                    except ServerError as e:
                         last = e
                         if payload.get("rid"):
                             await self._best_effort_abort(addr, payload["rid"])

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.hosts import (
     ExecutorHost,
     LocalExecutorHost,
@@ -43,7 +44,6 @@ from asyncwebrl.rollout.hosts import (
 )
 from asyncwebrl.rollout.staleness import StalenessManager
 from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
-from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)

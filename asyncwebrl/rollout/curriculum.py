@@ -60,7 +60,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.web.config import TaskSamplingConfig
 
 

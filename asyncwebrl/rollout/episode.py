@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncwebrl.models.vlm import decode_image, encode_image_b64
-from asyncwebrl.rollout.trajectory import StepSample, Trajectory, new_id
+from asyncwebrl.records import StepSample, Trajectory, new_id
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import EnvCrashed, Task
 from asyncwebrl.web.prompt import build_messages, short_action

@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.stats import ExecutorStats
-from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.web.base import Task
 from asyncwebrl.weights.version import check_copy_moves_forward
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.executor import TaskSource, Workflow, WorkflowExecutor
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.staleness import StalenessManager
 from asyncwebrl.rollout.stats import ExecutorStats
-from asyncwebrl.rollout.trajectory import RolloutGroup
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.hosts import RolloutSpec
 from asyncwebrl.rollout.stats import ExecutorStats, RolloutStats
-from asyncwebrl.rollout.trajectory import RolloutGroup
 from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncwebrl.records import RolloutGroup, Trajectory, new_id
 from asyncwebrl.rollout.gate import GatedClient, ResumeGate
-from asyncwebrl.rollout.trajectory import RolloutGroup, Trajectory, new_id
 from asyncwebrl.web.base import Env, Task
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from torch import nn
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import VLMAdapter, load_model
 from asyncwebrl.net import LOOPBACK
-from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.records import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
 from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_loss_sum

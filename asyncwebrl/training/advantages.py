@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from asyncwebrl.rollout.trajectory import RolloutGroup, Trajectory
+from asyncwebrl.records import RolloutGroup, Trajectory
 
 STD_EPS = 1e-6
 

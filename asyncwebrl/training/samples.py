@@ -9,47 +9,13 @@ from the samples that survived the pixel fetch on every rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from asyncwebrl.models.vlm import VLMAdapter, decode_image
-from asyncwebrl.rollout.trajectory import RolloutGroup
+from asyncwebrl.records import RolloutGroup, TrainSample
 from asyncwebrl.training.advantages import trajectory_advantages
-
-
-@dataclass
-class TrainSample:
-    """One step of one episode as the trainer consumes it."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    behave_logprobs: list[float]
-    versions: list[int]
-    advantage: float
-    """episode advantage times the per-step normalizer"""
-    pixel_keys: list[str] = field(default_factory=list)
-    pixels: list[bytes] | None = None
-    """inline screenshots (object_store transport); None = fetch `pixel_keys` from the store"""
-    prox_logprobs: list[float] | None = None
-    """pi_prox logprobs (filled by the recompute pass)"""
-    traj_id: str = ""
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    def validate(self) -> None:
-        n = len(self.output_ids)
-        if n == 0:
-            raise ValueError(f"sample of trajectory {self.traj_id!r} has no output tokens")
-        if len(self.behave_logprobs) != n or len(self.versions) != n:
-            raise ValueError(
-                f"sample of trajectory {self.traj_id!r}: {n} output tokens but {len(self.behave_logprobs)} "
-                f"behaviour logprobs and {len(self.versions)} versions"
-            )
-        if not self.prompt_ids:
-            raise ValueError(f"sample of trajectory {self.traj_id!r} has an empty prompt")
 
 
 def samples_from_groups(

@@ -1,6 +1,6 @@
 """Control calls to every rollout server, from synchronous code (the trainer loop, a trainer rank).
 
-One event loop on a private daemon thread and one `InferenceClient` session, kept for the life of
+One event loop on a private daemon thread and one `ServerHttp` session, kept for the life of
 the channel: a weight refresh makes a handful of control calls and must not pay for a new loop and
 connection each time. Bearer key: passed through to every call when the caller has one.
 
@@ -16,17 +16,16 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from asyncwebrl.server_http import ServerHttp
 from asyncwebrl.weights.group import WeightSyncError
 
 
 class ControlChannel:
     def __init__(self, servers: list[str], api_key: str | None = None, timeout_s: float = 120.0):
-        from asyncwebrl.inference.client import InferenceClient
-
         if not servers:
             raise ValueError("a control channel needs at least one server address")
         self.timeout_s = timeout_s
-        self.client = InferenceClient(list(servers), api_key=api_key, timeout_s=timeout_s, max_retries=0)
+        self.client = ServerHttp(list(servers), api_key=api_key, timeout_s=timeout_s)
         self.servers = self.client.addresses
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="weights-control", daemon=True)

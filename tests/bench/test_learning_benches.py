@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import asyncwebrl.bench.common as common
+import asyncwebrl.results as results_module
 from asyncwebrl.bench.arms import ArmResult, EvalRow, StepRow
 
 
@@ -22,7 +22,7 @@ def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
     return tmp_path
 
 

@@ -34,9 +34,10 @@ def test_floor_slope_tells_a_sawtooth_from_a_leak():
 @pytest.mark.slow
 @pytest.mark.browser
 def test_tiny_soak_samples_every_component(tmp_path, monkeypatch):
-    from asyncwebrl.bench import common, soak
+    import asyncwebrl.results as results_module
+    from asyncwebrl.bench import soak
 
-    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
     assert soak.main(["episodes=8", "sample_every_s=0.5", "model=tiny-qwen2.5-vl", "max_new_tokens=4"]) == 0
     doc = json.loads((tmp_path / "soak.json").read_text())
     figs = doc["figures"]

@@ -10,9 +10,9 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+from asyncwebrl.records import RolloutGroup, StepSample, Trajectory, new_id
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.hosts import RolloutSpec
-from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory, new_id
 from asyncwebrl.web.base import Task
 
 

@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 
 from asyncwebrl.configtree import ConfigError
+from asyncwebrl.records import RolloutGroup, StepSample, Trajectory, new_id
 from asyncwebrl.rollout.config import RolloutConfig
 from asyncwebrl.rollout.controller import RolloutController
 from asyncwebrl.rollout.curriculum import TaskCurriculum, task_family, zero_advantage
 from asyncwebrl.rollout.hosts import RolloutSpec
-from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory, new_id
 from asyncwebrl.web.config import EnvConfig, TaskSamplingConfig
 from asyncwebrl.web.tasks import TaskSampler, make_task_sampler
 

@@ -50,8 +50,8 @@ class Session:
 
 @pytest.mark.parametrize("warmup", [True, False])
 def test_sync_warmup_relaunches_sessions_every_round(warmup):
+    from asyncwebrl.records import StepSample, Trajectory, new_id
     from asyncwebrl.rollout.hosts import RolloutSpec
-    from asyncwebrl.rollout.trajectory import StepSample, Trajectory, new_id
     from asyncwebrl.rollout.workflow import EpisodeGroupWorkflow
 
     async def episode(env, task, client, adapter, store, sampling, env_cfg, version, transport):

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from asyncwebrl.models.prepare import resolve_model_path
+from asyncwebrl.records import TrainSample
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.samples import TrainSample
 
 TINY = os.environ.get("ASYNCWEBRL_TINY_MODEL") or str(Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl")
 

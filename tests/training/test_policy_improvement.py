@@ -1,10 +1,9 @@
 """The update moves the policy the right way and by a sane amount: in a GRPO group where one action
 succeeds and another fails, a step raises the successful action's logprob and lowers the failing one's."""
 
-from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory
+from asyncwebrl.records import RolloutGroup, StepSample, TrainSample, Trajectory
 from asyncwebrl.training.actor import FSDPActor
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.samples import TrainSample
 
 
 def test_a_step_favours_the_rewarded_action_of_a_group():

@@ -16,6 +16,14 @@ from asyncwebrl.configtree import ConfigError
 ON = ["warm_start.enabled=true"]
 
 
+def collect_from(ws, env_cfg, adapter, tasks, max_new_tokens, **kw):
+    """collect_demonstrations with the warm_start section's fields, as the controller passes them."""
+    from asyncwebrl.rollout.demonstrations import collect_demonstrations
+
+    return collect_demonstrations(env_cfg, adapter, tasks, max_new_tokens, source=ws.source, n_demos=ws.n_demos,
+                                  seed=ws.seed, concurrency=ws.concurrency, episodes_dir=ws.episodes_dir, **kw)
+
+
 # ---- config ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, says", [
     (ON + ["warm_start.tasks=enter-password"], "no scripted oracle: enter-password"),
@@ -36,6 +44,7 @@ ON = ["warm_start.enabled=true"]
     (["warm_start.source=human"], "warm_start.source"),
     (["warm_start.epoch=2"], "did you mean warm_start.epochs"),
 ])
+
 def test_config_rejects_what_cannot_work(tmp_path, overrides, says):
     with pytest.raises(ConfigError) as e:
         load_run_config(None, [o.format(tmp=tmp_path) for o in overrides])
@@ -56,7 +65,6 @@ def test_config_off_by_default_and_recorded_episodes_accepted(tmp_path):
 
 
 def test_a_corrupt_episode_index_is_a_clear_error_before_any_browser_starts(tmp_path):
-    from asyncwebrl.training.warm_start import collect_demonstrations
 
     (tmp_path / "episodes").mkdir()
     (tmp_path / "episodes" / "index.jsonl").write_text('{"traj_id": "t1", "success": true, "dir": "episodes/t1"}\n{oops\n')
@@ -68,22 +76,22 @@ def test_a_corrupt_episode_index_is_a_clear_error_before_any_browser_starts(tmp_
         raise AssertionError("no environment may start for a corrupt index")
 
     with pytest.raises(ValueError, match="index.jsonl line 2 is not JSON"):
-        collect_demonstrations(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
+        collect_from(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
     (tmp_path / "episodes" / "index.jsonl").write_text('{"traj_id": "t1", "success": true, "dir": "episodes/t1"}\n')
     (tmp_path / "episodes" / "t1" / "episode.json").write_text('{"task_id": "miniwob/click-test", "steps": []}')
     with pytest.raises(ValueError, match="no task_id 'TASK#SEED'"):
-        collect_demonstrations(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
+        collect_from(cfg.warm_start, cfg.env, None, ["click-test"], 8, make_env=no_env)
 
 
 # ---- demonstrations -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(default_model_path):
+    from asyncwebrl.controller.warm_start import warm_start_tasks
     from asyncwebrl.rollout.workflow import cached_adapter
-    from asyncwebrl.training.warm_start import collect_demonstrations, warm_start_tasks
 
     cfg = load_run_config(None, ON + ["warm_start.n_demos=1", "warm_start.tasks=click-button,focus-text-2"])
     adapter = cached_adapter(default_model_path)
-    demos = collect_demonstrations(cfg.warm_start, cfg.env, adapter, warm_start_tasks(cfg),
+    demos = collect_from(cfg.warm_start, cfg.env, adapter, warm_start_tasks(cfg),
                                    cfg.gconfig.max_new_tokens)
     return cfg, adapter, demos
 
@@ -136,8 +144,7 @@ def test_recorded_successful_episodes_replay_into_the_same_demonstrations(setup,
     import dataclasses
 
     from asyncwebrl.controller.rundir import RunDir
-    from asyncwebrl.rollout.trajectory import StepSample, Trajectory
-    from asyncwebrl.training.warm_start import collect_demonstrations
+    from asyncwebrl.records import StepSample, Trajectory
 
     cfg, adapter, demos = setup
     run = RunDir(tmp_path / "run", keep_episodes=8, tensorboard=False)
@@ -150,7 +157,7 @@ def test_recorded_successful_episodes_replay_into_the_same_demonstrations(setup,
                                         reward=float(ok), success=ok), 3, [s.pixels[0]])
     run.close()
     ws = dataclasses.replace(cfg.warm_start, source="episodes", episodes_dir=str(tmp_path / "run"))
-    replayed = collect_demonstrations(ws, cfg.env, adapter, ["click-button", "focus-text-2"],
+    replayed = collect_from(ws, cfg.env, adapter, ["click-button", "focus-text-2"],
                                       cfg.gconfig.max_new_tokens)
     assert replayed.attempts == 2 and replayed.per_task == demos.per_task
     assert [(r.prompt_ids, r.output_ids) for r in replayed.samples] == \

@@ -171,8 +171,8 @@ def test_rebuild_drops_evicted_episodes_and_escapes_html(tmp_path):
 
 
 def test_report_shows_task_sampling_and_heldout_per_task(tmp_path):
+    from asyncwebrl.records import RolloutGroup, StepSample, Trajectory
     from asyncwebrl.rollout.curriculum import TaskCurriculum
-    from asyncwebrl.rollout.trajectory import RolloutGroup, StepSample, Trajectory
     from asyncwebrl.web.config import TaskSamplingConfig
 
     cur = TaskCurriculum(["miniwob/click-test", "miniwob/click-button"], TaskSamplingConfig(mode="adaptive", prior="eval"))

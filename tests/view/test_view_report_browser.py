@@ -13,7 +13,7 @@ from PIL import Image
 from view_fixtures import episodes_spec, write_run
 
 from asyncwebrl.controller.rundir import RunDir
-from asyncwebrl.rollout.trajectory import Trajectory
+from asyncwebrl.records import Trajectory
 from asyncwebrl.view.report import build_report
 
 pytestmark = pytest.mark.browser

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncwebrl.controller.rundir import RunDir
-from asyncwebrl.rollout.trajectory import StepSample, Trajectory
+from asyncwebrl.records import StepSample, Trajectory
 from asyncwebrl.web.actions import parse_action
 
 CHROMIUM = "/usr/lib/chromium/chromium-headless-shell"

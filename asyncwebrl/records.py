@@ -1,4 +1,6 @@
-"""Records that cross process boundaries on the rollout -> trainer path.
+"""The bottom floor's records: what crosses from rollout to training (and to the viewer).
+
+Rollout produces them, training consumes them, and neither imports the other: both import this module.
 
 Invariant: a `Trajectory` never holds decoded pixels in `store` transport mode, only PixelStore
 keys; in `object_store` mode (the vanilla baseline) each step carries its encoded screenshots
@@ -106,3 +108,37 @@ class RolloutGroup:
     def head_version(self) -> int:
         heads = [t.head_version for t in self.trajectories if t.head_version >= 0]
         return min(heads) if heads else -1
+
+
+@dataclass
+class TrainSample:
+    """One step of one episode as the trainer consumes it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    behave_logprobs: list[float]
+    versions: list[int]
+    advantage: float
+    """episode advantage times the per-step normalizer"""
+    pixel_keys: list[str] = field(default_factory=list)
+    pixels: list[bytes] | None = None
+    """inline screenshots (object_store transport); None = fetch `pixel_keys` from the store"""
+    prox_logprobs: list[float] | None = None
+    """pi_prox logprobs (filled by the recompute pass)"""
+    traj_id: str = ""
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def validate(self) -> None:
+        n = len(self.output_ids)
+        if n == 0:
+            raise ValueError(f"sample of trajectory {self.traj_id!r} has no output tokens")
+        if len(self.behave_logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"sample of trajectory {self.traj_id!r}: {n} output tokens but {len(self.behave_logprobs)} "
+                f"behaviour logprobs and {len(self.versions)} versions"
+            )
+        if not self.prompt_ids:
+            raise ValueError(f"sample of trajectory {self.traj_id!r} has an empty prompt")
