@@ -16,6 +16,11 @@ Figures (SPEC section 11: every throughput ratio twice):
 - `ideal_overlap_bound`: from the sync run's steady phase medians, rollout R, train T, sync S:
   perfect overlap gives (R + T + S) / (max(R, T) + S); `share_of_ideal` = steady / bound; it assumes
   rollout and training run on separate devices;
+- `pool_bound`: the everlasting pool also removes the wait for a round's slowest episode and the
+  per-round warm-up, which the phase bound takes as fixed. From the sync run's steady train T and
+  weight sync S and the async run's pool rate with every session busy (trajectories per busy
+  slot-second x slots, measured while training ran beside it): sync step / max(T + S, trajectories
+  per step / that rate); `share_of_pool_bound` = steady / it;
 - `shared_core_bound` (CPU only): 1 / the share of the cores the sync run kept busy. When rollout and
   training share the cores, overlap can fill only the idle share, so this is the tighter bound there;
 - per mode: per-phase medians, trainer and rollout idle fractions, CPU busy share, failed episodes.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -125,6 +131,15 @@ class ModeResult:
     staleness_hist: dict[str, int]
     success_vs_time: list[list[float]]
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    pool_full_rate_traj_s: float | None = None
+    """async: trajectories/s the pool delivers with every slot busy (delivered trajectories x slots /
+    busy slot-seconds); None for the sync pool"""
+    budget: dict[str, Any] = field(default_factory=dict)
+    """the cores' budget the run used (scheduling/budget.py): threads per role, rollout niceness"""
+    load_avg: list[float] = field(default_factory=list)
+    """the machine's 1/5/15-minute load average when the run ended (other work on shared cores)"""
+    load_avg_start: list[float] = field(default_factory=list)
+    """the same when the run started"""
 
     @property
     def trajectories_per_s(self) -> float:
@@ -178,7 +193,11 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
     from asyncwebrl.controller.rundir import RunDir, read_jsonl
     from asyncwebrl.controller.system import build_system
 
+    from asyncwebrl.scheduling.budget import core_budget
+
     cfg = load_run_config(None, _overrides(mode, knobs))
+    budget = core_budget(cfg)
+    load0 = _load_avg()
     run = RunDir(cfg.run_dir, keep_episodes=cfg.stats.keep_episodes, tensorboard=False)
     t0 = time.monotonic()
     system = build_system(cfg, run)
@@ -205,7 +224,22 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
         staleness_hist={str(k): v for k, v in rstats.staleness_hist.items()},
         success_vs_time=[[round(r.wall_time_s, 2), r.success_rate] for r in recs],
         timeline=read_jsonl(run.root / "timeline.jsonl"),
+        pool_full_rate_traj_s=_pool_full_rate(rstats), budget=dataclasses.asdict(budget),
+        load_avg=_load_avg(), load_avg_start=load0,
     )
+
+
+def _load_avg() -> list[float]:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else []
+
+
+def _pool_full_rate(rstats) -> float | None:
+    """Trajectories per second of the everlasting pool with every slot busy (see ModeResult)."""
+    workers = [w for w in rstats.workers if w.busy_s > 0]
+    if rstats.mode != "async" or not workers:
+        return None
+    busy = sum(w.busy_s for w in workers)
+    return sum(w.trajectories for w in workers) * sum(w.slots for w in workers) / busy
 
 
 def run_mode_isolated(mode: str, knobs: dict[str, Any]) -> ModeResult:
@@ -274,6 +308,15 @@ def ideal_overlap(sync: ModeResult) -> float:
     return (r + t + s) / max(1e-9, max(r, t) + s)
 
 
+def pool_bound(sync: ModeResult, asy: ModeResult) -> float | None:
+    """Speedup bound of the everlasting pool (see module docstring); None without the async pool's rate."""
+    if not asy.pool_full_rate_traj_s:
+        return None
+    _, t, s = (sync.steady_phase_s(p) for p in PHASES)
+    per_step = asy.trajectories / max(1, asy.steps)
+    return sync.steady_step_s / max(1e-9, max(t + s, per_step / asy.pool_full_rate_traj_s))
+
+
 @dataclass(kw_only=True)
 class E2EFigures:
     whole_run_speedup: float
@@ -285,16 +328,23 @@ class E2EFigures:
     shared_core_bound: float | None
     """where rollout and training share the cores (gpus=0): 1 / the share of CPU the sync run kept busy,
     the most overlap can gain when it adds no compute (None with GPUs)"""
+    pool_bound: float | None = None
+    """sync step / max(T + S, trajectories per step / the pool's rate with every session busy)"""
+    share_of_pool_bound: float | None = None
+    share_of_shared_core_bound: float | None = None
 
     @classmethod
     def of(cls, sync: ModeResult, asy: ModeResult, shared_cores: bool = False) -> E2EFigures:
         steady = sync.steady_step_s / max(1e-9, asy.steady_step_s)
         bound = ideal_overlap(sync)
+        pool = pool_bound(sync, asy)
+        cores = 1.0 / sync.cpu_busy_frac if shared_cores and sync.cpu_busy_frac else None
         return cls(whole_run_speedup=asy.trajectories_per_s / max(1e-9, sync.trajectories_per_s),
                    steady_state_speedup=steady, ideal_overlap_bound=bound, share_of_ideal=steady / bound,
                    tokens_per_s_ratio=asy.tokens_per_s / max(1e-9, sync.tokens_per_s),
                    checkpoint_stall_s=max(sync.checkpoint_stall_s, asy.checkpoint_stall_s),
-                   shared_core_bound=(1.0 / sync.cpu_busy_frac if shared_cores and sync.cpu_busy_frac else None))
+                   shared_core_bound=cores, pool_bound=pool, share_of_pool_bound=steady / pool if pool else None,
+                   share_of_shared_core_bound=steady / cores if cores else None)
 
 
 def plot_timeline(results: list[ModeResult], out: Path) -> None:
@@ -359,6 +409,7 @@ def main(overrides: list[str] | None = None) -> int:
             "(browser latency, the long tail, per-round warm-up) but cannot add compute"
             if int(knobs["gpus"]) == 0 else "rollout and trainer on separate GPUs"),
         "modes": {r.mode: r.figures() for r in results},
+        "load_avg_1min_max": max([x[0] for r in results for x in (r.load_avg_start, r.load_avg) if x], default=None),
     }
     name = knobs["out"]
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -377,8 +428,14 @@ def main(overrides: list[str] | None = None) -> int:
             for r in results]
     print_table(rows, f"e2e async/sync: steady state {e2e.steady_state_speedup:.2f}x, whole run "
                       f"{e2e.whole_run_speedup:.2f}x (ideal overlap bound {e2e.ideal_overlap_bound:.2f}x, "
-                      f"share of ideal {e2e.share_of_ideal:.2f})")
+                      f"share of ideal {e2e.share_of_ideal:.2f}; pool bound {_fmt(e2e.pool_bound)}x"
+                      + (f"; shared-core bound {e2e.shared_core_bound:.2f}x" if e2e.shared_core_bound else "")
+                      + ")")
     return 0
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _one_mode_main(argv: list[str]) -> int:

@@ -143,10 +143,13 @@ class System:
 
 def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_key: str,
                    trainer_addresses: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=api_key,
+    from asyncwebrl.scheduling.budget import core_budget
+
+    budget = core_budget(cfg)  # roles sharing cores: few server threads, below the trainer's priority
+    return dict(backend=backend, model=model, dtype=cfg.inference.dtype, api_key=api_key, niceness=budget.rollout_niceness,
                 max_batch_size=cfg.inference.max_batch_size, max_context_len=cfg.inference.max_context_len,
                 log_dir=run.root / "logs", startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
-                cpu_threads=cfg.inference.cpu_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
+                cpu_threads=budget.server_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
                 weights_roots=[str(Path(run.root) / "checkpoints")], trainer_addresses=list(trainer_addresses))
 
 
@@ -237,15 +240,21 @@ def _build_rollout(s: System) -> None:
     from asyncwebrl.rollout.controller import make_rollout_controller
     from asyncwebrl.rollout.workflow import EpisodeRolloutSpec
 
+    from asyncwebrl.scheduling.budget import NicedEnvFactory, core_budget
+
     cfg = s.cfg
     adapter = VLMAdapter(s.model_path)
     s.task_factory = TaskFactory(cfg.env, cfg.seed, s.version.start)
+    niceness = core_budget(cfg).rollout_niceness
+    # rollout workers are processes of their own under Ray (async); otherwise threads beside the trainer
+    own_process = cfg.scheduler.type == "ray" and cfg.rollout.mode == "async"
     spec = EpisodeRolloutSpec(
         env_cfg=cfg.env, model_path=s.model_path,
         client_factory=ClientFactory(s.server_addresses, s.api_key, cfg.rollout.request_timeout_s,
                                      cfg.rollout.max_retries),
         store=s.pixel_store, sampling=sampling_params(cfg, adapter), n_samples=cfg.gconfig.n_samples,
         task_factory=s.task_factory, pixel_transport=cfg.rollout.pixel_transport,
+        env_factory=NicedEnvFactory(niceness, own_process) if niceness > 0 else None,
     )
     store = s.pixel_store
 

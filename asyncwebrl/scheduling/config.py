@@ -21,8 +21,15 @@ class SchedulerConfig:
     {actor: trainer_node, rollout: rollout_node}; roles: actor, rollout (servers and rollout workers), test-rollout"""
     cpus_per_role: float = 0.2
     """CPU share of one role process on machines without GPUs (fractional Ray bundles)"""
+    rollout_niceness: int | None = None
+    """priority of inference servers and rollout workers (and the browsers they start) beside the
+    trainer: None = automatic (10 on a machine without GPUs, where the roles share cores, so the
+    trainer keeps its cores and rollout fills their idle time; 0 with GPUs); 0 = normal priority"""
 
     def validate(self) -> None:
+        if self.rollout_niceness is not None and not 0 <= self.rollout_niceness <= 19:
+            raise ValueError(f"scheduler.rollout_niceness must be in 0..19 (or null = automatic), got "
+                             f"{self.rollout_niceness}")
         bad = set(self.role_resources) - {"actor", "rollout", "test-rollout"}
         if bad:
             raise ValueError(f"scheduler.role_resources has unknown roles {sorted(bad)} (actor, rollout, test-rollout)")

@@ -128,7 +128,8 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
                   weight_sync_timeout_s: float | None = None, env: dict[str, str] | None = None,
                   wait: bool = True, name: str = "server", allow_auto_truncate: bool = True,
                   weights_roots: list[str] | tuple[str, ...] = (),
-                  trainer_addresses: list[str] | tuple[str, ...] = (), multi_node: bool = False) -> ServerProcess:
+                  trainer_addresses: list[str] | tuple[str, ...] = (), multi_node: bool = False,
+                  niceness: int = 0) -> ServerProcess:
     """Start one server process on `device` ('cpu' or 'cuda:N': the server then sees only GPU N, as
     cuda:0). Its log goes to `log_path`, or to `log_dir/NAME-PORT.log`, or nowhere. With `wait` it
     returns once /health answers (stopping the process if it never does). `host` 'node' binds this
@@ -140,7 +141,8 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
     every endpoint of a server on any other address. Either way it is in
     `ServerProcess.api_key`. `allow_auto_truncate` (on: the rollout's budgets assume it) clamps
     max_new_tokens to the context; `weights_roots` are the folders update_weights_from_disk may read;
-    `trainer_addresses` the hosts init_weights_update_group may dial besides loopback."""
+    `trainer_addresses` the hosts init_weights_update_group may dial besides loopback; `niceness` >
+    0 runs the server at that lower priority (roles sharing CPU cores: scheduling/budget.py)."""
     host = bind_address(host, multi_node)
     port = port or free_port(LOOPBACK if host in WILDCARDS else host)
     key = api_key or new_key()
@@ -165,7 +167,8 @@ def launch_server(*, backend: str = "hf", model: str, device: str = "cpu", dtype
         log_path = Path(log_dir) / f"{name}-{port}.log"
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
     try:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: os.nice(niceness)) if niceness > 0 else None)
     finally:
         if out is not subprocess.DEVNULL:
             out.close()

@@ -158,7 +158,9 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
     from asyncwebrl.net import LOOPBACK, free_port
 
     world = cfg.allocation.actor.world_size
-    threads = (cfg.actor.cpu_threads or os.cpu_count()) if cfg.cluster.n_gpus_per_node == 0 else None
+    from asyncwebrl.scheduling.budget import core_budget
+
+    threads = core_budget(cfg).trainer_threads
     if scheduler is None:
         if world != 1:
             raise NotImplementedError(
@@ -166,7 +168,7 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
                 "for fsdp[actor]:dN with N > 1"
             )
         return TrainerGroup([TrainerRank(cfg.actor, 0, 1, LOOPBACK, free_port(LOOPBACK), device,
-                                             cpu_threads=cfg.actor.cpu_threads or None)], remote=False)
+                                             cpu_threads=threads)], remote=False)
     import ray
 
     # the rendezvous is rank 0's node address (its Ray node IP when the cluster spans nodes)
