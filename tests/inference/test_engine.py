@@ -121,7 +121,10 @@ def test_pause_keeps_requests_and_abort_ends_them(engine):
     engine.pause()
     try:
         engine.submit(engine.prepare(_req(p, 6, temperature=1.0, ignore_eos=True), results.append))
-        time.sleep(0.5)
+        deadline = time.time() + 60
+        while engine.load_info()["waiting"] < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # a paused engine must hold it: nothing may finish in this window
         assert results == [] and engine.load_info()["waiting"] == 1
     finally:
         engine.resume()
@@ -133,7 +136,8 @@ def test_pause_keeps_requests_and_abort_ends_them(engine):
     r.rid = "long"
     got: list[EngineResult] = []
     engine.submit(engine.prepare(r, got.append))
-    while engine.stats["generated_tokens"] == 0 or not engine.load_info()["running"]:
+    deadline = time.time() + 60
+    while (engine.stats["generated_tokens"] == 0 or not engine.load_info()["running"]) and time.time() < deadline:
         time.sleep(0.02)
     assert engine.abort(rid="long") == 1
     assert got[0].finish_reason["type"] == "abort" and len(got[0].output_ids) < 500

@@ -105,7 +105,9 @@ def test_pause_continue_abort_flush_version_and_info_endpoints(server, adapter):
     assert http(server, "/pause_generation", {})[1]["success"]
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(1.0)
+    deadline = time.time() + 60
+    while http(server, "/server_info", method="GET")[1]["waiting"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
     info = http(server, "/server_info", method="GET")[1]
     assert info["paused"] and info["waiting"] == 1 and "r" not in got
     assert http(server, "/continue_generation", {})[1]["success"]

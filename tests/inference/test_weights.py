@@ -149,7 +149,9 @@ async def _generate_across_update(server, ids, n, new_path, new_version, abort):
         task = asyncio.create_task(client.agenerate(ids, None, {"max_new_tokens": n, "temperature": 1.0,
                                                                 "ignore_eos": True}, sticky_key="ep"))
         start = (await client.call(server, "/server_info", method="GET"))["stats"]["generated_tokens"]
+        deadline = time.monotonic() + 120
         while (await client.call(server, "/server_info", method="GET"))["stats"]["generated_tokens"] < start + 5:
+            assert time.monotonic() < deadline, "the request generated no tokens in 120 s"
             await asyncio.sleep(0.05)
         res = await client.aupdate_weights_from_disk(new_path, new_version, abort_all_requests=abort)
         assert res[server]["success"], res

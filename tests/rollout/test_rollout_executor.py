@@ -14,12 +14,17 @@ from asyncwebrl.rollout.gate import GatedClient, ResumeGate
 from asyncwebrl.rollout.staleness import StalenessManager
 
 
-def _wait_for(cond, timeout=10.0):
+def _wait_for(cond, timeout=60.0):
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
             raise AssertionError("condition not reached in time")
         time.sleep(0.005)
+
+
+def _loop_turned(ex):
+    """Return once the executor's event loop has run everything scheduled before this call."""
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), ex._loop).result(timeout=30)
 
 
 def make(tracker, slots=4, fail_p=0.0, b=4, eta=100):
@@ -66,9 +71,11 @@ def test_pause_blocks_new_generation_and_resume_continues():
     ex.start()
     _wait_for(lambda: tr.generation_starts > 10)
     ex.pause()
-    time.sleep(0.05)  # let in-flight steps finish
+    _loop_turned(ex)  # a step that passed the gate before pause() has counted itself by now
     n = tr.generation_starts
-    time.sleep(0.15)
+    for _ in range(20):  # twenty turns of the slots' loop, each long enough for every slot to ask again
+        _loop_turned(ex)
+        time.sleep(0.01)
     assert tr.generation_starts == n, "a generation request started while paused"
     ex.resume()
     _wait_for(lambda: tr.generation_starts > n + 5)
