@@ -26,7 +26,7 @@ BENCHMARKS = {
     "warmstart": ("asyncwebrl.bench.warmstart", "greedy eval success of the base model vs after the BC warm start"),
     "multinode": ("asyncwebrl.bench.multinode", "a short training run on a two-node Ray cluster (network namespace)"),
     "longrun": ("asyncwebrl.bench.longrun", "200+ training steps through controller and trainer rank: PixelStore bytes"),
-    "readme": ("asyncwebrl.bench.report", "regenerate README.md's Performance section from bench/results"),
+    "readme": ("asyncwebrl.bench.report", "regenerate the table in docs/benchmarks.md from bench/results"),
 }
 
 

@@ -23,7 +23,7 @@ Invariants:
   loopback and private ranges pass only with `allow_private`. IPv4 inside IPv6 (mapped, NAT64, 6to4)
   is judged as the IPv4 address it carries.
 
-What it does not cover is listed in the README section "What the browser fence guarantees".
+What it does not cover is listed in docs/fence.md.
 """
 
 from __future__ import annotations
