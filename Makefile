@@ -46,7 +46,7 @@ train: setup
 	$(BIN)/asyncwebrl train $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check asyncwebrl tests
