@@ -41,6 +41,7 @@ ENDPOINTS_POST = (
     "/abort_request",
     "/init_weights_update_group",
     "/update_weights_from_distributed",
+    "/update_weights_from_tensor",
     "/destroy_weights_update_group",
     "/update_weights_from_disk",
     "/update_weight_version",
@@ -51,7 +52,7 @@ ENDPOINTS_GET = ("/health", "/model_info", "/get_model_info", "/server_info", "/
 CONTROL_ENDPOINTS = frozenset({
     "/pause_generation", "/continue_generation", "/flush_cache", "/abort_request", "/init_weights_update_group",
     "/update_weights_from_distributed", "/destroy_weights_update_group", "/update_weights_from_disk",
-    "/update_weight_version", "/begin_weight_update", "/end_weight_update",
+    "/update_weight_version", "/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor",
 })
 """endpoints that change what the server does or serves: they always need the server's key"""
 
@@ -394,6 +395,36 @@ class UpdateWeightsFromDistributedRequest(_Body):
         return self
 
 
+class UpdateWeightsFromTensorRequest(_Body):
+    """Body of POST /update_weights_from_tensor (SGLang's same-machine refresh: handles to the sender's
+    memory, no network; `weights/ipc.py` writes and reads the payload)."""
+
+    serialized_named_tensors: list[str]
+    """base64 of one pickle per tensor-parallel rank (here: one): a flattened bucket
+    {'flattened_tensor', 'metadata'} or a list of (name, tensor), tensors as CUDA IPC / shared-memory handles"""
+    load_format: Literal["flattened_bucket"] | None = None
+    """"flattened_bucket": one flat uint8 tensor and its metadata; null: a list of (name, tensor)"""
+    flush_cache: bool = True
+    """drop cached prefixes afterwards"""
+    abort_all_requests: bool = False
+    """end in-flight requests with finish_reason abort instead of pausing them"""
+    weight_version: str | int | None = None
+    """new weight version once this update is in (the refresh bracket sets it once, at the end)"""
+    selector: Literal["target", "draft", "all"] = "all"
+    """accepted for compatibility (no draft model here)"""
+    torch_empty_cache: bool = False
+    """accepted for compatibility"""
+
+    _v = field_validator("weight_version")(classmethod(lambda cls, v: _version_str(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> UpdateWeightsFromTensorRequest:
+        if len(self.serialized_named_tensors) != 1:
+            raise ValueError("serialized_named_tensors holds one payload per tensor-parallel rank; "
+                             "this server runs tp=1")
+        return self
+
+
 class BeginWeightUpdateRequest(_Body):
     """Body of POST /begin_weight_update (opens the update session SGLang 0.5.x requires)."""
 
@@ -448,6 +479,7 @@ REQUEST_TYPES: dict[str, type[_Body]] = {
     "/abort_request": AbortRequest,
     "/init_weights_update_group": InitWeightsUpdateGroupRequest,
     "/update_weights_from_distributed": UpdateWeightsFromDistributedRequest,
+    "/update_weights_from_tensor": UpdateWeightsFromTensorRequest,
     "/destroy_weights_update_group": DestroyWeightsUpdateGroupRequest,
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,

@@ -94,6 +94,7 @@ class InferenceServer:
             "/abort_request": self.abort_request,
             "/init_weights_update_group": self.init_weights_update_group,
             "/update_weights_from_distributed": self.update_weights_from_distributed,
+            "/update_weights_from_tensor": self.update_weights_from_tensor,
             "/destroy_weights_update_group": self.destroy_weights_update_group,
             "/update_weights_from_disk": self.update_weights_from_disk,
             "/update_weight_version": self.update_weight_version,
@@ -320,6 +321,33 @@ class InferenceServer:
             f"received {len(req.names)} tensors ({nbytes} bytes) in {time.perf_counter() - t0:.3f}s",
             weight_version=self.engine.weight_version,
         ))
+
+    async def update_weights_from_tensor(self, req, request) -> web.Response:
+        """SGLang's same-machine refresh: copy from the sender's memory (CUDA IPC or shared-memory
+        handles, `weights/ipc.py`) into the live parameters, inside the update session."""
+        from asyncwebrl.weights import ipc
+
+        if not self.weight_session:
+            raise ProtocolError("update_weights_from_tensor must run between /begin_weight_update and "
+                                "/end_weight_update")
+
+        def work() -> int:
+            named = ipc.named_tensors(ipc.deserialize(req.serialized_named_tensors[0]), req.load_format)
+            with self.engine.exclusive(abort_all=req.abort_all_requests):
+                n = ipc.copy_into(self.receiver.params, named)
+                if req.weight_version is not None:
+                    self.engine.weight_version = req.weight_version
+            del named  # drop the mapping of the sender's memory before answering
+            return n
+
+        async with self._weights_lock:
+            t0 = time.perf_counter()
+            try:
+                nbytes = await self._run(work)
+            except WeightSyncError as e:  # the caller's payload does not fit: 400, weights unchanged
+                raise ProtocolError(str(e)) from None
+        return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.3f}s",
+                                    weight_version=self.engine.weight_version))
 
     async def destroy_weights_update_group(self, req, request) -> web.Response:
         async with self._weights_lock:

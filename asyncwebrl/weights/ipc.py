@@ -1,0 +1,369 @@
+"""Weights to a server on the same device, without a network: SGLang's `/update_weights_from_tensor`.
+
+When a trainer rank and an inference server share a GPU (the shared-device layout,
+`sglang[rollout]:d1|fsdp[actor]:d1`), the refresh needs no broadcast: the trainer packs its
+parameters into flat buckets (the `flattened_bucket` layout of `buckets.py`, cast to the server's
+dtype) and hands the server a handle to each bucket's memory; the server copies from it into its own
+parameters. On a GPU the handle is a CUDA IPC handle (torch.multiprocessing's tensor reduction, the
+device named by its UUID as SGLang's patched reduction does, so the two processes may number their
+devices differently); on a CPU it is a shared-memory segment (torch's `file_system` sharing). Either
+way it is one device-to-device copy on the server's side.
+
+Wire form (SGLang 0.5.x `UpdateWeightsFromTensorReqInput`): POST /update_weights_from_tensor
+{`serialized_named_tensors`: [base64 of one pickle per tensor-parallel rank], `load_format`:
+"flattened_bucket", `flush_cache`, `abort_all_requests`, `weight_version`}; the pickle is a dict
+{"flattened_tensor": uint8 tensor, "metadata": [FlattenedTensorMetadata(name, shape, dtype, start_idx,
+end_idx, numel)]}, the metadata class named as SGLang's (`sglang.srt.weight_sync.tensor_bucket`), so a
+real SGLang server on the same GPU reads the same bytes. `load_format` null carries a list of
+(name, tensor) instead.
+
+Invariants: a bucket's memory is neither freed nor overwritten until the server answered for it
+(the sender reuses two buffers, bucket k+1 packed while the server copies bucket k); the receiving
+side unpickles with an allow-list (torch's rebuild functions, dtypes, sizes and the metadata class:
+no other global), and a CPU handle must name a torch shared-memory segment; a refused bucket fails
+the transfer (`WeightSyncError`) with the server's message, and the bracket then keeps the version.
+"""
+
+from __future__ import annotations
+
+import base64
+import copyreg
+import io
+import pickle
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from asyncwebrl.weights.buckets import Bucket, plan_buckets
+from asyncwebrl.weights.group import WeightSyncError
+
+FLATTENED = "flattened_bucket"
+SGLANG_META = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
+"""where SGLang keeps the metadata class its unpickler allows (its name travels, not our class)"""
+_DEVICE_ARG = 6
+"""position of the device index in the arguments of torch's `rebuild_cuda_tensor`"""
+
+
+@dataclass
+class FlatTensorMeta:
+    """One tensor of a flattened bucket: SGLang's `FlattenedTensorMetadata` fields, in its order."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+    def __reduce__(self):
+        return _GlobalRef(*SGLANG_META), (self.name, torch.Size(self.shape), self.dtype, self.start_idx,
+                                          self.end_idx, self.numel)
+
+
+class _GlobalRef:
+    """A class named by module and qualified name, pickled as that name without importing it."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args):  # pickle wants a callable; it is only ever called on the other side
+        raise TypeError(f"{self.module}.{self.name} is a reference, not the class")
+
+
+def _device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _device_index(uuid_or_index: int | str) -> int:
+    if isinstance(uuid_or_index, int):
+        return uuid_or_index
+    for i in range(torch.cuda.device_count()):
+        if _device_uuid(i) == uuid_or_index:
+            return i
+    raise WeightSyncError(f"the weights live on GPU {uuid_or_index}, which this process cannot see "
+                          "(same-device refresh needs the server on the trainer's GPU)")
+
+
+def _reduce_tensor(t: torch.Tensor):
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    fn, args = reduce_tensor(t)
+    if t.is_cuda:  # name the device by UUID: the server may number its visible devices differently
+        args = (*args[:_DEVICE_ARG], _device_uuid(int(args[_DEVICE_ARG])), *args[_DEVICE_ARG + 1:])
+    return fn, args
+
+
+class _HandlePickler(pickle._Pickler):  # the Python pickler: it lets `_GlobalRef` write a bare name
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_ref(self, obj: _GlobalRef) -> None:
+        self.save(obj.module)
+        self.save(obj.name)
+        self.write(pickle.STACK_GLOBAL)
+
+    dispatch[_GlobalRef] = _save_ref
+
+
+def serialize(obj: Any) -> str:
+    """base64 of a pickle of `obj` whose tensors travel as handles to their memory (see module doc)."""
+    import torch.multiprocessing as tmp  # noqa: F401 - registers torch's storage reductions
+    from multiprocessing.reduction import ForkingPickler
+
+    table = dict(copyreg.dispatch_table)
+    table.update(ForkingPickler._extra_reducers)
+    table[torch.Tensor] = _reduce_tensor
+    table[torch.nn.Parameter] = _reduce_tensor
+    buf = io.BytesIO()
+    p = _HandlePickler(buf, protocol=4)
+    p.dispatch_table = table
+    p.dump(obj)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def share_cpu_memory() -> None:
+    """CPU handles are named shared-memory segments (a server process can open them by name)."""
+    import torch.multiprocessing as tmp
+
+    if tmp.get_sharing_strategy() != "file_system":
+        tmp.set_sharing_strategy("file_system")
+
+
+# ---- the receiving side --------------------------------------------------------------------------
+def _rebuild_cuda_tensor(*args):
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    args = (*args[:_DEVICE_ARG], _device_index(args[_DEVICE_ARG]), *args[_DEVICE_ARG + 1:])
+    return rebuild_cuda_tensor(*args)
+
+
+def _rebuild_storage_filename(cls, manager, handle, size, dtype=None):
+    from torch.multiprocessing.reductions import rebuild_storage_filename
+
+    name = handle.decode() if isinstance(handle, bytes) else str(handle)
+    if not name.startswith("/torch_") or "/" in name[1:]:
+        raise WeightSyncError(f"shared-memory handle {name!r} is not a torch segment")
+    return rebuild_storage_filename(cls, manager, handle, size, dtype)
+
+
+def _allowed() -> dict[tuple[str, str], Any]:
+    import torch.multiprocessing.reductions as red
+
+    allowed: dict[tuple[str, str], Any] = {
+        SGLANG_META: FlatTensorMeta,
+        ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"): _rebuild_cuda_tensor,
+        ("torch.multiprocessing.reductions", "rebuild_storage_filename"): _rebuild_storage_filename,
+        ("torch.multiprocessing.reductions", "rebuild_tensor"): red.rebuild_tensor,
+        ("torch.multiprocessing.reductions", "rebuild_typed_storage"): red.rebuild_typed_storage,
+        ("torch.storage", "UntypedStorage"): torch.storage.UntypedStorage,
+        ("torch", "Tensor"): torch.Tensor,
+        ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+        ("torch", "Size"): torch.Size,
+        ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    }
+    for name in dir(torch):
+        obj = getattr(torch, name, None)
+        if isinstance(obj, torch.dtype):
+            allowed[("torch", name)] = obj
+    for name in dir(torch.cuda):  # legacy typed-storage classes torch may name for CUDA storages
+        if name.endswith("Storage") and isinstance(getattr(torch.cuda, name, None), type):
+            allowed[("torch.cuda", name)] = getattr(torch.cuda, name)
+    return allowed
+
+
+class _HandleUnpickler(pickle.Unpickler):
+    _table: dict[tuple[str, str], Any] | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _HandleUnpickler._table is None:
+            _HandleUnpickler._table = _allowed()
+        obj = _HandleUnpickler._table.get((module, name))
+        if obj is None:
+            raise WeightSyncError(f"refused global {module}.{name} in serialized_named_tensors")
+        return obj
+
+
+def deserialize(data: str | bytes) -> Any:
+    """The object `serialize` made, its tensors mapped onto the sender's memory (allow-listed)."""
+    raw = base64.b64decode(data, validate=True) if isinstance(data, str) else data
+    try:
+        return _HandleUnpickler(io.BytesIO(raw)).load()
+    except WeightSyncError:
+        raise
+    except Exception as e:  # a malformed payload is the caller's error, not the server's
+        raise WeightSyncError(f"serialized_named_tensors could not be read: {type(e).__name__}: {e}") from e
+
+
+def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of one rank's payload: a flattened bucket's views, or a plain list."""
+    if load_format == FLATTENED:
+        if not isinstance(payload, dict) or "flattened_tensor" not in payload or "metadata" not in payload:
+            raise WeightSyncError("a flattened_bucket payload is {'flattened_tensor': ..., 'metadata': [...]}")
+        flat, metas = payload["flattened_tensor"], payload["metadata"]
+        if not isinstance(flat, torch.Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
+            raise WeightSyncError("flattened_tensor must be a 1-D uint8 tensor")
+        out = []
+        for m in metas:
+            if not isinstance(m, FlatTensorMeta) or not 0 <= m.start_idx <= m.end_idx <= flat.numel():
+                raise WeightSyncError(f"bad flattened_bucket metadata {m!r}")
+            out.append((m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)))
+        return out
+    if load_format is not None:
+        raise WeightSyncError(f"load_format {load_format!r} is not supported (null | '{FLATTENED}')")
+    if isinstance(payload, dict):
+        payload = list(payload.items())
+    if not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in payload):
+        raise WeightSyncError("serialized_named_tensors must hold a list of (name, tensor)")
+    return [(str(n), t) for n, t in payload]
+
+
+def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, torch.Tensor]]) -> int:
+    """Copy every (name, tensor) into `params` after checking them all (a mismatch changes nothing);
+    returns the bytes copied. The copy runs on the receiver's current stream and is waited for, so
+    the sender may reuse the memory once this returns."""
+    problems = []
+    for name, t in named:
+        p = params.get(name)
+        if p is None:
+            problems.append(f"unknown parameter '{name}'")
+        elif tuple(p.shape) != tuple(t.shape):
+            problems.append(f"shape of '{name}' is {list(p.shape)}, sent {list(t.shape)}")
+    if problems:
+        raise WeightSyncError("update rejected (weights unchanged): " + "; ".join(problems[:5]))
+    nbytes = 0
+    with torch.no_grad():
+        for name, t in named:
+            p = params[name]
+            p.data.copy_(t, non_blocking=True)
+            nbytes += t.numel() * t.element_size()
+    devs = {p.device for p in params.values() if p.is_cuda}
+    for d in devs:
+        torch.cuda.current_stream(d).synchronize()
+    return nbytes
+
+
+# ---- the sending side ----------------------------------------------------------------------------
+@dataclass
+class IpcTransferReport:
+    """What one same-device transfer moved (the fields `TransferReport` has, for the bracket)."""
+
+    n_tensors: int
+    n_buckets: int
+    bytes: int
+    seconds: float
+    announcements: int
+
+
+class SameDeviceSender:
+    """A trainer rank's side of the same-device refresh to one server (see the module docstring).
+
+    The interface of `sender.WeightSender` (init_group, transfer, close, broken) so the trainer host
+    and the bench use either; there is no process group to form, only the server's device to check."""
+
+    def __init__(self, server: str, api_key: str | None = None, *, device: str = "cpu",
+                 bucket_mb: float = 2048, timeout_s: float = 120.0, wire_dtype: torch.dtype | None = None):
+        from asyncwebrl.weights.control import ControlChannel
+
+        self.device = torch.device(device)
+        self.control = ControlChannel([server], api_key, timeout_s)
+        self.servers = self.control.servers
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.timeout_s = timeout_s
+        self.wire_dtype = wire_dtype
+        self.broken = False
+        self.group = None
+        self._bufs: list[torch.Tensor | None] = [None, None]
+        if self.device.type == "cpu":
+            share_cpu_memory()
+
+    def init_group(self) -> None:
+        """Nothing to rendezvous; the server must answer (and take the same-device update)."""
+        try:
+            self.control.run(self.control.acall(self.servers[0], "/health", None, method="GET",
+                                                timeout_s=min(30.0, self.timeout_s)))
+        except WeightSyncError:
+            self.broken = True
+            raise
+        self.broken = False
+
+    def _wire(self, dt: torch.dtype) -> torch.dtype:
+        return self.wire_dtype if self.wire_dtype is not None and dt.is_floating_point else dt
+
+    def plan(self, meta: Sequence[tuple[str, torch.dtype, Sequence[int]]]) -> list[Bucket]:
+        return plan_buckets([(n, self._wire(d), s) for n, d, s in meta], self.bucket_bytes)
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        b = self._bufs[slot]
+        if b is None or b.numel() < nbytes:
+            self._bufs[slot] = None
+            b = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            if b.device.type == "cpu":
+                b.share_memory_()  # a named segment the server opens (once: the handle is cached there)
+            self._bufs[slot] = b
+        return b
+
+    def transfer(self, named: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor],
+                 meta: Sequence[tuple[str, torch.dtype, Sequence[int]]] | None = None) -> IpcTransferReport:
+        """Pack bucket by bucket and have the server copy each; returns when the last one is in."""
+        if self.broken:
+            raise WeightSyncError("the same-device sender is broken: call init_group() again")
+        if isinstance(named, dict):
+            named = list(named.items())
+        if meta is None:
+            named = list(named)
+            meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
+        buckets = self.plan(meta)
+        t0 = time.perf_counter()
+        try:
+            self._send(buckets, iter(named))
+        except BaseException as e:
+            self.broken = not isinstance(e, WeightSyncError)
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"same-device weight transfer failed: {type(e).__name__}: {e}") from e
+        return IpcTransferReport(len(meta), len(buckets), sum(b.nbytes for b in buckets),
+                                 time.perf_counter() - t0, len(buckets))
+
+    def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        pending = None
+        deadline = time.monotonic() + self.timeout_s
+        for k, b in enumerate(buckets):
+            got = []
+            for s in b.slots:
+                name, t = next(tensors)
+                if name != s.name:
+                    raise WeightSyncError(f"tensor order differs from the plan: got {name}, planned {s.name}")
+                got.append(t.detach())
+            # bucket k-2 used this buffer; it was confirmed before bucket k-1 went out
+            flat = b.pack(got, self._buffer(k % 2, b.nbytes))
+            del got
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()  # the bytes exist before the handle travels
+            if pending is not None:
+                self._confirm(pending, deadline)
+            pending = self.control.start(self._update(b, flat))
+        if pending is not None:
+            self._confirm(pending, deadline)
+
+    async def _update(self, b: Bucket, flat: torch.Tensor) -> None:
+        payload = {"flattened_tensor": flat, "metadata": [
+            FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start) for s in b.slots]}
+        from asyncwebrl.protocol import UpdateWeightsFromTensorRequest
+
+        body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[serialize(payload)], load_format=FLATTENED,
+                                              flush_cache=False, abort_all_requests=False).model_dump(exclude_none=True)
+        await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
+
+    def _confirm(self, fut, deadline: float) -> None:
+        try:
+            fut.result(timeout=max(0.1, deadline - time.monotonic()))
+        except WeightSyncError:
+            raise
+        except TimeoutError as e:
+            raise WeightSyncError("the server did not confirm a same-device bucket before the deadline") from e
+
+    def close(self) -> None:
+        self._bufs = [None, None]
+        self.control.close()
