@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.results import write_result
 
 DEFAULTS: dict[str, Any] = {
@@ -148,7 +149,7 @@ def _drawn() -> dict[str, list[bytes]]:
 class EpisodeWorker:
     """Ray actor body: plays `n` rollouts of `steps` steps concurrently (threads) and returns them."""
 
-    def __init__(self, shots: dict[str, list[bytes]], store: Any):
+    def __init__(self, shots: dict[str, list[bytes]], store: PixelStore):
         self.shots = shots
         self.store = store
 
@@ -203,7 +204,7 @@ def _pctl(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _assemble(trajs: list[Any], store: Any, mode: str) -> tuple[float, float, int]:
+def _assemble(trajs: list[Any], store: PixelStore, mode: str) -> tuple[float, float, int]:
     """Trainer side: pixels of every step of the batch -> decoded images. Returns (fetch s, decode s, missing)."""
     from PIL import Image
 

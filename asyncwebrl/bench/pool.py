@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.results import write_result
 from asyncwebrl.weights.version import PolicyVersion
 
@@ -99,7 +100,7 @@ class GenerationStandin:
 
 def _build(knobs: dict[str, Any], version: PolicyVersion, server: Any) -> tuple[Any, Any, Any]:
     from asyncwebrl.models.prepare import resolve_model_path
-    from asyncwebrl.pixelstore.store import PixelStore
+    from asyncwebrl.pixelstore.store import InProcessPixelStore
     from asyncwebrl.rollout.config import RolloutConfig
     from asyncwebrl.rollout.workflow import EpisodeRolloutSpec, cached_adapter
     from asyncwebrl.web.base import Task
@@ -112,7 +113,7 @@ def _build(knobs: dict[str, Any], version: PolicyVersion, server: Any) -> tuple[
     profile = SyntheticProfile(success_steps=knobs["success_steps"], failure_steps=knobs["failure_steps"],
                                long_tail_prob=knobs["long_tail_prob"], long_tail_factor=knobs["long_tail_factor"],
                                warmup_ms=knobs["warmup_ms"])
-    store = PixelStore(1 << 30, 60.0, prefix="bench")
+    store = InProcessPixelStore("bench")
     tok = cached_adapter(model).tokenizer
     seed = knobs["seed"]
 
@@ -141,11 +142,11 @@ def _build(knobs: dict[str, Any], version: PolicyVersion, server: Any) -> tuple[
     return spec, rcfg, store
 
 
-def _free_group(store: Any, g: Any) -> None:
+def _free_group(store: PixelStore, g: Any) -> None:
     store.free([k for t in g.trajectories for k in t.all_pixel_keys()])
 
 
-def _run_phase(pool: Any, store: Any, steps: int, train_s: float, server: Any) -> dict[str, Any]:
+def _run_phase(pool: Any, store: PixelStore, steps: int, train_s: float, server: Any) -> dict[str, Any]:
     if server is not None:  # the server reports this phase's owner, not the previous phase's
         server.engine.weight_version = str(pool.clock.value)
     pool.start()

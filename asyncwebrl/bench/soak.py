@@ -2,15 +2,16 @@
 stay flat?
 
 Workload: the system of `asyncwebrl train` (scheduler.type=local: the controller, its in-process
-trainer rank running `train_step` on every batch, the loopback PixelStore server process, a real
-embedded inference server process, the async rollout controller with real Chromium + MiniWoB++).
+trainer rank running `train_step` on every batch, the in-process PixelStore, a real embedded
+inference server process, the async rollout controller with real Chromium + MiniWoB++).
 The policy is the model being trained (`model`, default the embedded default; `tiny-qwen2.5-vl` for a
 quick run), served by the inference server; screenshots are put by the episodes and freed by the
 trainer rank after each step, as in every training run. `episodes` sets the number of training steps
 (episodes / (batch_size x n_samples)).
 
-Memory: PSS (proportional set size) of the Chromium process trees, the PixelStore process, the
-inference server process and the controller process (which hosts the trainer rank), sampled every
+Memory: PSS (proportional set size) of the Chromium process trees, the inference server process and
+the controller process (which hosts the trainer rank and the PixelStore), and the bytes the
+PixelStore holds, sampled every
 `sample_every_s` together with the number of episodes consumed. Headline: `slope_mb_per_1k_episodes`
 per component, the least-squares slope of PSS against episodes after the first `warmup_frac` of the
 run (flat memory = slope near 0). Beside it `floor_slope_mb_per_1k_episodes`: the slope of the
@@ -111,7 +112,8 @@ class MemorySampler:
 
     def __init__(self, components: dict[str, Any], episodes_done, every_s: float):
         self.components = components
-        """name -> (callable returning the root pids, whether their descendants count)"""
+        """name -> (callable returning the root pids, whether their descendants count), or a callable
+        returning the bytes the component holds (the in-process PixelStore)"""
         self.episodes_done = episodes_done
         self.every_s = every_s
         self.samples: list[dict[str, float]] = []
@@ -120,8 +122,8 @@ class MemorySampler:
 
     def sample(self) -> None:
         row = {"t": time.monotonic(), "episodes": float(self.episodes_done())}
-        for name, (pids, children) in self.components.items():
-            row[name] = _pss_tree(pids(), children) / 2**20
+        for name, c in self.components.items():
+            row[name] = (c() if callable(c) else _pss_tree(c[0](), c[1])) / 2**20
         self.samples.append(row)
 
     def _run(self) -> None:
@@ -171,7 +173,7 @@ def run_soak(knobs: dict[str, Any], root: Path) -> dict[str, Any]:
         ctl = Controller(cfg, system, run)
         components = {
             "browsers": (lambda: browser_root_pids(cfg.env.headless_shell), True),
-            "pixelstore": (lambda: [store.server.proc.pid], True),
+            "pixelstore": lambda: store.stats()["bytes"],  # inside the controller process
             "inference_server": (lambda: [server.pid], True),
             "controller": (lambda: [os.getpid()], False),  # hosts the trainer rank
         }

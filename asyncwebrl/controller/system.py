@@ -22,6 +22,7 @@ from typing import Any
 
 from asyncwebrl.config import RunConfig
 from asyncwebrl.controller.rundir import RunDir
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.weights.version import PolicyVersion
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class System:
     server_addresses: list[str] = field(default_factory=list)
     test_handles: list[Any] = field(default_factory=list)
     test_addresses: list[str] = field(default_factory=list)
-    pixel_store: Any = None
+    pixel_store: PixelStore | None = None
     trainer: Any = None
     rollout: Any = None
     task_factory: TaskFactory | None = None
@@ -278,7 +279,7 @@ def _build_test_rollout(s: System) -> None:
     from asyncwebrl.evaluation.test_rollout import TestRolloutManager
     from asyncwebrl.inference.client import InferenceClient
     from asyncwebrl.models.vlm import VLMAdapter
-    from asyncwebrl.pixelstore.base import InProcessPixelStore
+    from asyncwebrl.pixelstore.store import InProcessPixelStore
     from asyncwebrl.web.tasks import make_env
 
     cfg = s.cfg

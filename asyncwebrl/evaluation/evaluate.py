@@ -13,6 +13,7 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.web.base import Task
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def eval_task_sets(cfg) -> tuple[list[Task], list[Task]]:
     return tasks, heldout
 
 
-async def run_eval_episodes(tasks: list[Task], env_factory, client, adapter, store, env_cfg,
+async def run_eval_episodes(tasks: list[Task], env_factory, client, adapter, store: PixelStore | None, env_cfg,
                             sampling: dict[str, Any], version: int, concurrency: int = 4) -> dict[str, Any]:
     """Run the tasks with `concurrency` environments; returns success/reward figures and per-task rates."""
     from asyncwebrl.rollout.episode import run_episode
@@ -130,7 +131,7 @@ def evaluate_model(cfg, model: str, version: int = -1) -> dict[str, Any]:
     and, if any, the held-out set (under "heldout"); stop the server. The figures of `run_eval_episodes`."""
     from asyncwebrl.inference.client import InferenceClient
     from asyncwebrl.models.vlm import VLMAdapter
-    from asyncwebrl.pixelstore.base import InProcessPixelStore
+    from asyncwebrl.pixelstore.store import InProcessPixelStore
     from asyncwebrl.scheduling.servers import launch_server
     from asyncwebrl.web.tasks import make_env
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncwebrl.evaluation.evaluate import run_eval_episodes
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.training.checkpoint import latest_complete_checkpoint
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class TestRolloutManager:
 
     def __init__(self, *, ckpt_root: Path, client, adapter, env_factory, env_cfg, tasks, sampling: dict[str, Any],
                  on_result: Callable[[dict[str, Any]], None], poll_interval_s: float = 2.0,
-                 flush_after_s: float | None = 120.0, concurrency: int = 2, store=None,
+                 flush_after_s: float | None = 120.0, concurrency: int = 2, store: PixelStore | None = None,
                  heldout_tasks=None):
         self.ckpt_root = Path(ckpt_root)
         self.client = client

@@ -1,77 +1,87 @@
-"""The PixelStore interface every implementation serves (Ray actor, local process, in-process).
+"""The `PixelStore` protocol: what every store a run can use honours, with the same semantics.
 
-Invariant: keys are opaque strings; `get` never blocks on a missing key, it returns None for it
-(callers drop and count such samples, SPEC section 8).
+Implementations: `store.InProcessPixelStore` (one process: scheduler=local, evaluation, tests) and
+`ray_store.PixelStoreClient` (named per-node Ray actors, each wrapping an `InProcessPixelStore`).
+tests/pixelstore/test_contract.py runs one contract against both.
+
+The contract (SPEC section 8):
+- Keys are opaque strings `"<prefix>:<id>"` made by the store. A string without a prefix is not a key:
+  ValueError. A well-formed key the store does not hold (freed, evicted, lost in a restart) is
+  *missing*: `get` yields None for it and never blocks; `retain` and `free` skip it.
+- Refcounts: `put(..., refs=n)` stores an item with n references; `retain(keys)` adds one reference
+  per occurrence of each held key; `free(keys)` drops one per occurrence and removes an item when its
+  last reference goes. So a screenshot shared by the per-step samples of a history window lives until
+  its last user is consumed. `retain` returns the occurrences it found; `free` the items it removed.
+- Bounded memory: a put that does not fit blocks (back-pressure) for at most the store's put timeout
+  (or `timeout_s`), then raises `PixelStoreFull`; a batch larger than the whole capacity raises at
+  once. Puts hold bytes only (TypeError otherwise) and are all or nothing.
+- `stats()` holds at least the `store.PixelStoreStats` fields (summed over stores).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import uuid
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 
-class PixelStoreAPI(Protocol):
-    def put(self, data: bytes) -> str: ...
-    def put_batch(self, items: list[bytes]) -> list[str]: ...
-    def get(self, keys: list[str]) -> list[bytes | None]: ...
-    def free(self, keys: list[str]) -> int: ...
-    def count_missing(self, keys: list[str]) -> int: ...
-    def stats(self) -> dict: ...
+class PixelStoreFull(TimeoutError):
+    """A put waited its timeout for room and the store stayed full (or can never fit the items)."""
 
 
-class ThreadedAsyncAPI:
-    """Async forms of a blocking store client, run on a worker thread so an episode loop's event loop
-    never blocks on a store round trip (shared by the Ray and the local-process clients)."""
-
-    async def aput(self, data: bytes, refs: int = 1) -> str:
-        return await asyncio.to_thread(self.put, data, refs)
-
-    async def aput_batch(self, items: list[bytes], refs: int = 1) -> list[str]:
-        return await asyncio.to_thread(self.put_batch, items, refs)
-
-    async def aget(self, keys: list[str]) -> list[bytes | None]:
-        return await asyncio.to_thread(self.get, keys)
+class PixelStoreUnavailable(ConnectionError):
+    """The store could not be reached (and did not come back) within the client's deadline."""
 
 
-class InProcessPixelStore:
-    """Dictionary-backed store in the caller's process, for single-process runs and tests."""
+@runtime_checkable
+class PixelStore(Protocol):
+    """Screenshots by opaque key, refcounted and bounded (see the module docstring for the contract)."""
 
-    def __init__(self, prefix: str = "local"):
-        self._items: dict[str, bytes] = {}
-        self._lock = threading.Lock()
-        self._prefix = prefix
-        self._counters = dict(puts=0, gets=0, frees=0, evictions=0, missing=0)
+    def put(self, data: bytes, refs: int = 1) -> str:
+        """Store one screenshot with `refs` references; its key."""
+        ...
 
-    def put(self, data: bytes) -> str:
-        return self.put_batch([data])[0]
+    def put_batch(self, items: Sequence[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
+        """Store all items (all or nothing), each with `refs` references; their keys in order."""
+        ...
 
-    def put_batch(self, items: list[bytes]) -> list[str]:
-        keys = [f"{self._prefix}:{uuid.uuid4().hex}" for _ in items]
-        with self._lock:
-            for k, v in zip(keys, items, strict=True):
-                self._items[k] = bytes(v)
-            self._counters["puts"] += len(items)
-        return keys
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The bytes of each key in order, None for a missing one."""
+        ...
 
-    def get(self, keys: list[str]) -> list[bytes | None]:
-        with self._lock:
-            out = [self._items.get(k) for k in keys]
-            self._counters["gets"] += len(keys)
-            self._counters["missing"] += sum(v is None for v in out)
-        return out
+    def retain(self, keys: Sequence[str]) -> int:
+        """One more reference per occurrence of each held key; how many occurrences were held."""
+        ...
 
-    def free(self, keys: list[str]) -> int:
-        with self._lock:
-            n = sum(self._items.pop(k, None) is not None for k in keys)
-            self._counters["frees"] += n
-        return n
+    def free(self, keys: Sequence[str]) -> int:
+        """Drop one reference per occurrence; how many items went (their last reference dropped)."""
+        ...
 
-    def count_missing(self, keys: list[str]) -> int:
-        with self._lock:
-            return sum(k not in self._items for k in keys)
+    def count_missing(self, keys: Sequence[str]) -> int:
+        """How many of `keys` the store does not hold."""
+        ...
 
-    def stats(self) -> dict:
-        with self._lock:
-            return dict(items=len(self._items), bytes=sum(map(len, self._items.values())), **self._counters)
+    def stats(self) -> dict[str, Any]:
+        """Counters: items, bytes, capacity_bytes, puts, gets, frees, evictions, missing, ..."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds (end of run); idempotent."""
+        ...
+
+
+def key_prefix(key: str) -> str:
+    """The store prefix (node) a key belongs to; ValueError for a string that is not a key."""
+    head, sep, _ = key.partition(":") if isinstance(key, str) else ("", "", "")
+    if not sep or not head:
+        raise ValueError(f"not a PixelStore key: {key!r}")
+    return head
+
+
+def check_blobs(items: Sequence[bytes], refs: int) -> list[bytes]:
+    """The items of a put as bytes; TypeError for anything else, ValueError for refs < 1."""
+    if refs < 1:
+        raise ValueError(f"refs must be >= 1, got {refs}")
+    for it in items:
+        if not isinstance(it, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a PixelStore holds bytes, got {type(it).__name__}")
+    return [bytes(it) for it in items]

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 
-from asyncwebrl.pixelstore.base import ThreadedAsyncAPI
-from asyncwebrl.pixelstore.store import PixelStore, PixelStoreFull, PixelStoreUnavailable, key_prefix
+from asyncwebrl.pixelstore.base import PixelStoreFull, PixelStoreUnavailable, check_blobs, key_prefix
+from asyncwebrl.pixelstore.store import InProcessPixelStore
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +29,12 @@ ACTOR_PREFIX = "awrl-pixelstore"
 
 
 class PixelStoreActor:
-    """Ray actor body: a `PixelStore` served to many concurrent callers (threaded actor)."""
+    """Ray actor body: an `InProcessPixelStore` served to many concurrent callers (threaded actor)."""
 
     def __init__(self, capacity_bytes: int, put_timeout_s: float, prefix: str, max_age_s: float = 0.0):
-        self.store = PixelStore(capacity_bytes, put_timeout_s, prefix)
-        self.max_age_s = max_age_s
-        self._last_sweep = time.monotonic()
-
-    def _sweep(self) -> None:
-        if self.max_age_s > 0 and time.monotonic() - self._last_sweep > 1.0:
-            self._last_sweep = time.monotonic()
-            self.store.evict_older_than(self.max_age_s)
+        self.store = InProcessPixelStore(prefix, capacity_bytes, put_timeout_s, max_age_s)
 
     def put_batch(self, items: list[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str] | str:
-        self._sweep()
         try:
             return self.store.put_batch(items, refs, timeout_s)
         except PixelStoreFull as e:
@@ -104,12 +97,9 @@ class _Restarting(Exception):
     """The store actor's name did not resolve: Ray is restarting it."""
 
 
-class PixelStoreClient(ThreadedAsyncAPI):
+class PixelStoreClient:
     """Routes PixelStore calls to the per-node actors by key prefix; picklable (Ray workers get a copy).
-
-    Methods mirror `PixelStore` (put / put_batch / get / free / retain / count_missing / stats), plus
-    async variants `aput`, `aput_batch`, `aget` for code running in an event loop.
-    """
+    Honours the `base.PixelStore` contract; `close` ends the stores for good."""
 
     def __init__(self, run_name: str, prefixes: list[str] | dict[str, Any], put_timeout_s: float = 60.0,
                  call_timeout_s: float = 30.0, retry_deadline_s: float = 60.0):
@@ -170,27 +160,25 @@ class PixelStoreClient(ThreadedAsyncAPI):
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    # -- the PixelStoreAPI --------------------------------------------------------------------
+    # -- the PixelStore protocol ---------------------------------------------------------------
     def put(self, data: bytes, refs: int = 1) -> str:
         return self.put_batch([data], refs)[0]
 
-    def put_batch(self, items: list[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
-        if refs < 1:
-            raise ValueError(f"refs must be >= 1, got {refs}")
+    def put_batch(self, items: Sequence[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
+        blobs = check_blobs(items, refs)
         wait = self.put_timeout_s if timeout_s is None else timeout_s
-        out = self._call(self.local_prefix(), "put_batch", [bytes(i) for i in items], refs, wait,
-                         timeout_s=wait + self.call_timeout_s)
+        out = self._call(self.local_prefix(), "put_batch", blobs, refs, wait, timeout_s=wait + self.call_timeout_s)
         if isinstance(out, str):
             raise PixelStoreFull(out.removeprefix("FULL: "))
         return out
 
-    def _by_prefix(self, keys: list[str]) -> dict[str, list[int]]:
+    def _by_prefix(self, keys: Sequence[str]) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
             groups.setdefault(key_prefix(k), []).append(i)
         return groups
 
-    def get(self, keys: list[str]) -> list[bytes | None]:
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
         for prefix, idx in self._by_prefix(keys).items():
             if prefix not in self.prefixes:
@@ -201,7 +189,7 @@ class PixelStoreClient(ThreadedAsyncAPI):
         self.missing_seen += sum(v is None for v in out)
         return out
 
-    def _sum(self, method: str, keys: list[str]) -> int:
+    def _sum(self, method: str, keys: Sequence[str]) -> int:
         total = 0
         for prefix, idx in self._by_prefix(keys).items():
             if prefix in self.prefixes:
@@ -210,13 +198,13 @@ class PixelStoreClient(ThreadedAsyncAPI):
                 total += len(idx)
         return total
 
-    def free(self, keys: list[str]) -> int:
+    def free(self, keys: Sequence[str]) -> int:
         return self._sum("free", keys)
 
-    def retain(self, keys: list[str]) -> int:
+    def retain(self, keys: Sequence[str]) -> int:
         return self._sum("retain", keys)
 
-    def count_missing(self, keys: list[str]) -> int:
+    def count_missing(self, keys: Sequence[str]) -> int:
         return self._sum("count_missing", keys)
 
     def stats(self) -> dict:

@@ -1,15 +1,17 @@
-"""The PixelStore core: bounded, refcounted screenshot bytes keyed by opaque ids (SPEC section 8).
+"""The in-process PixelStore: bounded, refcounted screenshot bytes keyed by opaque ids (SPEC section 8).
 
-Every server flavour (the Ray actor in ray_store.py, the local process in local_store.py, in-process
-use) wraps one `PixelStore`.
+`InProcessPixelStore` serves a run whose store users share one process (scheduler=local: the
+rollout executors run on threads and the trainer rank in the controller; evaluation; tests), and is
+the body of each per-node Ray actor (ray_store.py). It honours the `base.PixelStore` contract.
 
 Invariants:
 - Memory is bounded: the bytes held never exceed `capacity_bytes`. A put that does not fit blocks
   (back-pressure: rollout waits) until frees make room, for at most `put_timeout_s`, then raises
   `PixelStoreFull`; an item larger than the whole capacity is refused at once.
 - Refcounts: an item put with `refs=n` (or retained n-1 extra times) is removed only when `free` has
-  been called for it n times, so a screenshot shared by the per-step samples of a sliding history
-  window lives until its last user is consumed.
+  been called for it n times.
+- With `max_age_s > 0`, items older than that go whatever their refcount (orphans of a consumer that
+  died), swept at most once a second on put.
 - `get` never blocks on a missing key: it yields None and counts it in `missing`.
 """
 
@@ -18,15 +20,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from asyncwebrl.pixelstore.base import PixelStoreFull, check_blobs, key_prefix
 
-class PixelStoreFull(TimeoutError):
-    """A put waited `put_timeout_s` for room and the store stayed full."""
-
-
-class PixelStoreUnavailable(ConnectionError):
-    """The store could not be reached (and did not come back) within the client's deadline."""
+DEFAULT_CAPACITY_BYTES = 1 << 30
 
 
 @dataclass
@@ -53,16 +52,18 @@ class PixelStoreStats:
         return asdict(self)
 
 
-class PixelStore:
+class InProcessPixelStore:
     """Thread-safe bounded store. `prefix` starts every key (the node id in multi-node runs)."""
 
-    def __init__(self, capacity_bytes: int, put_timeout_s: float = 60.0, prefix: str = "px"):
+    def __init__(self, prefix: str = "mem", capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
+                 put_timeout_s: float = 60.0, max_age_s: float = 0.0):
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
-        if ":" in prefix:
-            raise ValueError(f"store prefix must not contain ':' (got {prefix!r})")
+        if not prefix or ":" in prefix:
+            raise ValueError(f"store prefix must be non-empty without ':' (got {prefix!r})")
         self.capacity_bytes = capacity_bytes
         self.put_timeout_s = put_timeout_s
+        self.max_age_s = max_age_s
         self.prefix = prefix
         self._items: dict[str, bytes] = {}
         self._refs: dict[str, int] = {}
@@ -73,28 +74,25 @@ class PixelStore:
         self._blocked_s = 0.0
         self._peak = 0
         self._bytes_put = 0
+        self._last_sweep = time.monotonic()
 
     def new_key(self) -> str:
         return f"{self.prefix}:{uuid.uuid4().hex}"
 
     # -- writes -------------------------------------------------------------------------------
-    def put(self, data: bytes, refs: int = 1, timeout_s: float | None = None) -> str:
-        return self.put_batch([data], refs=refs, timeout_s=timeout_s)[0]
+    def put(self, data: bytes, refs: int = 1) -> str:
+        return self.put_batch([data], refs)[0]
 
-    def put_batch(self, items: list[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
+    def put_batch(self, items: Sequence[bytes], refs: int = 1, timeout_s: float | None = None) -> list[str]:
         """Store all items (all or nothing); blocks while they do not fit (back-pressure)."""
-        if refs < 1:
-            raise ValueError(f"refs must be >= 1, got {refs}")
-        for it in items:
-            if not isinstance(it, (bytes, bytearray, memoryview)):
-                raise TypeError(f"PixelStore holds bytes, got {type(it).__name__}")
-        blobs = [bytes(it) for it in items]
+        blobs = check_blobs(items, refs)
         need = sum(len(b) for b in blobs)
         if need > self.capacity_bytes:
             raise PixelStoreFull(
                 f"{need} bytes can never fit a PixelStore of {self.capacity_bytes} bytes; "
                 "raise pixelstore.capacity_mb"
             )
+        self._sweep()
         timeout = self.put_timeout_s if timeout_s is None else timeout_s
         keys = [self.new_key() for _ in blobs]
         with self._cond:
@@ -119,8 +117,9 @@ class PixelStore:
             self._c["puts"] += len(blobs)
         return keys
 
-    def retain(self, keys: list[str]) -> int:
-        """One more reference per occurrence of each present key; returns how many were present."""
+    def retain(self, keys: Sequence[str]) -> int:
+        """One more reference per occurrence of each held key; returns how many were held."""
+        _check_keys(keys)
         n = 0
         with self._cond:
             for k in keys:
@@ -129,8 +128,9 @@ class PixelStore:
                     n += 1
         return n
 
-    def free(self, keys: list[str]) -> int:
+    def free(self, keys: Sequence[str]) -> int:
         """Drop one reference per occurrence; returns how many items were actually removed."""
+        _check_keys(keys)
         removed = 0
         with self._cond:
             for k in keys:
@@ -159,20 +159,35 @@ class PixelStore:
                 self._cond.notify_all()
         return len(old)
 
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        if self.max_age_s > 0 and now - self._last_sweep > 1.0:
+            self._last_sweep = now
+            self.evict_older_than(self.max_age_s)
+
     def _remove(self, key: str) -> None:
         self._bytes -= len(self._items.pop(key))
         del self._refs[key]
         del self._born[key]
 
+    def close(self) -> None:
+        """Drop every item (end of run)."""
+        with self._cond:
+            for k in list(self._items):
+                self._remove(k)
+            self._cond.notify_all()
+
     # -- reads --------------------------------------------------------------------------------
-    def get(self, keys: list[str]) -> list[bytes | None]:
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        _check_keys(keys)
         with self._cond:
             out = [self._items.get(k) for k in keys]
             self._c["gets"] += len(keys)
             self._c["missing"] += sum(v is None for v in out)
         return out
 
-    def count_missing(self, keys: list[str]) -> int:
+    def count_missing(self, keys: Sequence[str]) -> int:
+        _check_keys(keys)
         with self._cond:
             return sum(k not in self._items for k in keys)
 
@@ -189,17 +204,6 @@ class PixelStore:
             ).as_dict()
 
 
-def key_prefix(key: str) -> str:
-    """The store prefix (node) a key belongs to."""
-    head, sep, _ = key.partition(":")
-    if not sep:
-        raise ValueError(f"not a PixelStore key: {key!r}")
-    return head
-
-
-def key_occurrences(keys: list[str]) -> dict[str, int]:
-    """How many times each key occurs (the refcount a group of samples needs)."""
-    out: dict[str, int] = {}
+def _check_keys(keys: Sequence[str]) -> None:
     for k in keys:
-        out[k] = out.get(k, 0) + 1
-    return out
+        key_prefix(k)

@@ -70,8 +70,6 @@ class RolloutController:
         batch_size: int,
         eta: int,
         on_drop_group: Callable[[RolloutGroup], None] | None = None,
-        on_pause: Callable[[], None] | None = None,
-        on_resume: Callable[[], None] | None = None,
         batch_timeout_s: float = 3600.0,
         poll_s: float = 0.5,
         owned_actors: list[Any] | None = None,
@@ -84,8 +82,6 @@ class RolloutController:
         self.batch_size = batch_size
         self.eta = eta
         self.on_drop_group = on_drop_group
-        self.on_pause = on_pause
-        self.on_resume = on_resume
         self.batch_timeout_s = batch_timeout_s
         self.poll_s = poll_s
         self._owned_actors = owned_actors or []
@@ -288,13 +284,9 @@ class RolloutController:
 
     def pause(self) -> None:
         self._each_host("pause")
-        if self.on_pause is not None:
-            self.on_pause()
         self._paused_since = time.monotonic()
 
     def resume(self) -> None:
-        if self.on_resume is not None:
-            self.on_resume()
         self._each_host("resume")
         if self._paused_since is not None:
             self.paused_s += time.monotonic() - self._paused_since
@@ -377,45 +369,10 @@ def make_rollout_controller(spec: RolloutSpec, rollout_cfg: Any, scheduler_type:
     if rollout_cfg.mode == "sync":
         from asyncwebrl.rollout.sync_pool import SyncRolloutPool
 
-        keep = ("on_drop_group", "on_pause", "on_resume", "batch_timeout_s", "clock")  # placement knobs do not apply
+        keep = ("on_drop_group", "batch_timeout_s", "clock")  # placement knobs do not apply
         return SyncRolloutPool(spec, rollout_cfg, **{k: v for k, v in kwargs.items() if k in keep})
     if scheduler_type == "ray":
         return RolloutController.ray(spec, rollout_cfg, **kwargs)
     if scheduler_type == "local":
         return RolloutController.local(spec, rollout_cfg, **kwargs)
     raise ValueError(f"unknown scheduler type {scheduler_type!r} (local | ray)")
-
-
-def pixel_freer(store: Any) -> Callable[[RolloutGroup], None]:
-    """An `on_drop_group` callback: a dropped group's screenshots are freed (one reference per use)."""
-
-    def free(group: RolloutGroup) -> None:
-        keys = [k for t in group.trajectories for k in t.all_pixel_keys()]
-        if keys:
-            store.free(keys)
-
-    return free
-
-
-def inference_pause_hooks(addresses: list[str], api_key: str | None = None,
-                          timeout_s: float = 60.0) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(on_pause, on_resume) callbacks that pause / continue generation on the train-rollout servers
-    (SGLang's /pause_generation and /continue_generation), for RolloutController(on_pause=, on_resume=)."""
-    import asyncio
-
-    def call(method: str) -> Callable[[], None]:
-        def run() -> None:
-            from asyncwebrl.inference.client import InferenceClient
-
-            async def go() -> None:
-                client = InferenceClient(addresses, api_key=api_key, timeout_s=timeout_s)
-                try:
-                    await asyncio.wait_for(getattr(client, method)(), timeout_s)
-                finally:
-                    await client.aclose()
-
-            asyncio.run(go())
-
-        return run
-
-    return call("apause"), call("aresume")

@@ -16,13 +16,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from asyncwebrl.models.vlm import decode_image, encode_image_b64
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.records import StepSample, Trajectory, new_id
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import EnvCrashed, Task
@@ -33,22 +33,12 @@ log = logging.getLogger(__name__)
 PIXEL_TRANSPORTS = ("store", "object_store")
 
 
-async def _store_call(fn: Callable, *args: Any) -> Any:
-    """A store method, sync (run off the loop: a bounded store may block on back-pressure) or async."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    out = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(out):
-        out = await out
-    return out
-
-
 async def run_episode(
     env: Any,
     task: Task,
     client: Any,
     adapter: Any,
-    store: Any,
+    store: PixelStore | None,
     sampling: dict[str, Any],
     env_cfg: Any,
     version: int | Callable[[], int],
@@ -81,13 +71,14 @@ async def run_episode(
         traj.info["instruction"] = obs.instruction  # the goal as the model read it (the episode viewer shows it)
         for _ in range(max_steps):
             if window_k > 0:
-                key = await _store_call(store.put, obs.screenshot) if use_store else None
+                # store calls run off the loop: a bounded store blocks on back-pressure
+                key = await asyncio.to_thread(store.put, obs.screenshot) if use_store else None
                 if key is not None:
                     taken.append(key)
                 window = (window + [(key, obs.screenshot)])[-window_k:]
                 reused = [k for k, _ in window[:-1] if k is not None]
-                if reused and hasattr(store, "retain"):
-                    await _store_call(store.retain, reused)
+                if reused:
+                    await asyncio.to_thread(store.retain, reused)
                     taken.extend(reused)
             messages = build_messages(obs.instruction, obs.elements, history, len(window), env_cfg)
             text = adapter.chat_text(messages)
@@ -158,10 +149,10 @@ async def run_episode(
     return traj
 
 
-async def _release(store: Any, keys: list[str]) -> None:
+async def _release(store: PixelStore | None, keys: list[str]) -> None:
     if not keys or store is None:
         return
     try:
-        await asyncio.wait_for(_store_call(store.free, keys), timeout=30)
+        await asyncio.wait_for(asyncio.to_thread(store.free, keys), timeout=30)
     except Exception as e:  # a dead store loses the pixels anyway; the trainer counts them missing
         log.warning("could not free %d pixel references: %s", len(keys), e)

@@ -39,14 +39,12 @@ class SyncRolloutPool:
 
     def __init__(self, spec: RolloutSpec, rollout_cfg: Any, *, warmup: bool | None = None,
                  on_drop_group: Callable[[RolloutGroup], None] | None = None,
-                 on_pause: Callable[[], None] | None = None, on_resume: Callable[[], None] | None = None,
                  batch_timeout_s: float | None = None, max_round_retries: int = 3,
                  clock: PolicyVersion | None = None):
         self.spec = spec
         self.batch_size = rollout_cfg.consumer_batch_size
         self.warmup = rollout_cfg.sync_warmup if warmup is None else warmup
         self.batch_timeout_s = batch_timeout_s or getattr(rollout_cfg, "batch_timeout_s", 3600.0)
-        self.on_pause, self.on_resume = on_pause, on_resume
         self.on_drop_group = on_drop_group  # unused: a sync round never produces stale groups
         self.max_round_retries = max_round_retries
         self.gate = ResumeGate()
@@ -173,12 +171,8 @@ class SyncRolloutPool:
     def pause(self) -> None:
         self._paused_at = time.monotonic()
         self.gate.pause()
-        if self.on_pause is not None:
-            self.on_pause()
 
     def resume(self) -> None:
-        if self.on_resume is not None:
-            self.on_resume()
         self.gate.resume()
         if self._paused_at is not None:
             self.paused_s += time.monotonic() - self._paused_at

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.records import RolloutGroup, Trajectory, new_id
 from asyncwebrl.rollout.gate import GatedClient, ResumeGate
 from asyncwebrl.web.base import Env, Task
@@ -36,7 +37,7 @@ class EpisodeGroupWorkflow:
         env_factory: EnvFactory,
         client: Any,
         adapter: Any,
-        store: Any,
+        store: PixelStore | None,
         sampling: dict[str, Any],
         env_cfg: Any,
         n_samples: int,
@@ -165,7 +166,7 @@ class EpisodeRolloutSpec:
     env_cfg: Any
     model_path: str
     client_factory: Callable[[], Any]
-    store: Any
+    store: PixelStore | None
     sampling: dict[str, Any]
     n_samples: int
     task_factory: Callable[[int], Any]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from asyncwebrl.pixelstore.base import PixelStore
+
 
 class TrainerRank:
     """One trainer rank: an FSDPActor plus, on rank 0, the weight broadcaster to train-rollout servers."""
@@ -43,7 +45,7 @@ class TrainerRank:
     def ready(self) -> bool:
         return True
 
-    def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
+    def train_step(self, groups, pixel_store: PixelStore | None = None, version: int | None = None) -> dict[str, Any]:
         """One update on the consumed groups; rank 0 then frees their screenshots in the store (the
         controller copied the viewer's kept episodes out before this call, so it holds no reference).
         `version`: the owner's value, checked against the weights this rank holds."""
@@ -119,7 +121,7 @@ class TrainerGroup:
 
         return ray.get([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
 
-    def train_step(self, groups, pixel_store=None, version: int | None = None) -> dict[str, Any]:
+    def train_step(self, groups, pixel_store: PixelStore | None = None, version: int | None = None) -> dict[str, Any]:
         return self._all("train_step", groups, pixel_store, version)[0]
 
     def warm_start(self, samples, ws_cfg) -> list:

@@ -10,8 +10,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from asyncwebrl.pixelstore.base import PixelStoreFull, PixelStoreUnavailable  # noqa: E402
 from asyncwebrl.pixelstore.ray_store import PixelStoreClient, actor_name, launch_ray_stores  # noqa: E402
-from asyncwebrl.pixelstore.store import PixelStoreFull, PixelStoreUnavailable  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from asyncwebrl.pixelstore.base import InProcessPixelStore
+from asyncwebrl.pixelstore.store import InProcessPixelStore
 from asyncwebrl.protocol import GenerationOutput
 from asyncwebrl.rollout.episode import run_episode
 from asyncwebrl.web.browser import BrowserPool

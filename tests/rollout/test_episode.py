@@ -13,8 +13,7 @@ import threading
 
 import pytest
 
-from asyncwebrl.pixelstore.base import InProcessPixelStore
-from asyncwebrl.pixelstore.store import PixelStore
+from asyncwebrl.pixelstore.store import InProcessPixelStore
 from asyncwebrl.protocol import GenerationOutput
 from asyncwebrl.rollout.episode import run_episode
 from asyncwebrl.web.base import Observation, Task
@@ -139,7 +138,7 @@ def test_multistep_object_store_transport_and_history(loop, adapter):
 
 def test_shared_window_keys_are_refcounted(loop, adapter):
     cfg = EnvConfig(history_k=2)
-    store = PixelStore(capacity_bytes=64 << 20)
+    store = InProcessPixelStore(capacity_bytes=64 << 20)
     client = ScriptedClient(adapter, oracle_from_prompt("enter-text"))
 
     traj = play_one(loop, cfg, Task("miniwob/enter-text", seed=9, max_steps=4), client, adapter, store, 0)

@@ -84,7 +84,7 @@ def _family_path(name: str) -> str:
 @pytest.mark.parametrize("family", ["default", "tiny-qwen3-vl"])
 def test_model_families_train_and_checkpoint_loads_with_load_model(family, tmp_path):
     from asyncwebrl.models.vlm import load_model
-    from asyncwebrl.pixelstore.base import InProcessPixelStore
+    from asyncwebrl.pixelstore.store import InProcessPixelStore
     from asyncwebrl.training.actor import FSDPActor
     from asyncwebrl.training.config import ActorConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncwebrl.pixelstore.base import InProcessPixelStore
+from asyncwebrl.pixelstore.store import InProcessPixelStore
 from asyncwebrl.records import RolloutGroup, StepSample, Trajectory
 from asyncwebrl.training.advantages import group_advantages, trajectory_advantages
 from asyncwebrl.training.samples import fetch_pixels, micro_batches, samples_from_groups, shard_for_rank
