@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL, TEXT, VLMAdapter, decode_image, load_model
+from asyncwebrl.models.vlm import VLMAdapter, decode_image, load_model
 from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class HFEngine:
         self.context_len = min(max_context_len, int(getattr(text_cfg, "max_position_embeddings", max_context_len)))
         self.limits = RequestLimits()
         self.max_batch_size = max_batch_size
-        self.family = self.adapter.family
+        self.family = self.adapter.model_family
         self.eos_ids = set(self.adapter.eos_token_ids)
         self.weight_version = str(weight_version)
         self.generator = torch.Generator().manual_seed(seed)
@@ -168,7 +168,7 @@ class HFEngine:
         self._malloc_trim = _libc_malloc_trim() if self.device.type == "cpu" else None
         self._last_trim = time.monotonic()
         self.image_pool = None
-        if image_workers and self.family != TEXT:
+        if image_workers and self.family.takes_images:
             from asyncwebrl.inference.image_pool import ImagePool
 
             self.image_pool = ImagePool(self.model_path, image_workers)
@@ -411,24 +411,24 @@ class HFEngine:
 
     def _prefill_inputs(self, reqs: list[EngineRequest]) -> tuple[dict[str, Any], bool]:
         """The model inputs of a prefill of `reqs` on this engine's device (pixels in the model's dtype),
-        and whether the model is a Qwen VL (whose cached M-RoPE deltas are reset for the new batch)."""
+        and whether the model uses M-RoPE (its cached rope deltas are reset for the new batch)."""
         batch = self.adapter.collate([r.input_ids for r in reqs], [r.images for r in reqs])
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if "pixel_values" in batch:
             batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        qwen = self.family in (QWEN2VL, QWEN3VL)
-        if qwen:
+        uses_mrope = self.family.uses_mrope
+        if uses_mrope:
             self.model.model.rope_deltas = None
-        return batch, qwen
+        return batch, uses_mrope
 
     def _prefill(self, r: EngineRequest) -> None:
         from transformers import DynamicCache
 
-        batch, qwen = self._prefill_inputs([r])
+        batch, uses_mrope = self._prefill_inputs([r])
         cache = DynamicCache()
         logits = self._forward(**batch, cache=cache)
         delta = 0
-        if qwen and self.model.model.rope_deltas is not None:
+        if uses_mrope and self.model.model.rope_deltas is not None:
             delta = int(self.model.model.rope_deltas.reshape(-1)[0])
         self.stats["prefills"] += 1
         if not self._append_tokens([r], logits):
@@ -457,11 +457,7 @@ class HFEngine:
         ids = torch.tensor([[r.output_ids[-1]] for r in b.reqs], dtype=torch.long, device=self.device)
         mask = torch.cat([b.mask, torch.ones((len(b), 1), dtype=torch.long, device=self.device)], dim=1)
         pos = torch.tensor(b.positions, dtype=torch.long, device=self.device)[:, None]
-        if self.family in (QWEN2VL, QWEN3VL):
-            mpos = pos + torch.tensor(b.rope_deltas, dtype=torch.long, device=self.device)[:, None]
-            position_ids = torch.stack([pos, mpos, mpos, mpos])
-        else:
-            position_ids = pos
+        position_ids = self.family.decode_position_ids(pos, b.rope_deltas)
         logits = self._forward(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=b.cache)
         b.mask = mask
         b.positions = [p + 1 for p in b.positions]

@@ -50,10 +50,9 @@ import torch
 from asyncwebrl.inference.decode_pipeline import DecodePipeline, StepRecord
 from asyncwebrl.inference.engine import EngineRequest, HFEngine, _RunningBatch
 from asyncwebrl.inference.static_decode import StaticDecoder, sample_rows, supported
-from asyncwebrl.models.mrope import MRopeIndex, batch_positions
+from asyncwebrl.models.mrope import batch_positions
 from asyncwebrl.models.vision_attention import batch_vision_attention
 from asyncwebrl.models.vision_graph import VisionRunner, install
-from asyncwebrl.models.vlm import QWEN2VL, QWEN3VL
 from asyncwebrl.protocol import finish_reason
 
 log = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ class GraphEngine(HFEngine):
             compile_layers=on_gpu if compile_layers is None else compile_layers,
             generator=None if on_gpu else self.generator, banned_tokens=self._placeholder_ids())
         self.pipe = DecodePipeline(self.decoder)
-        self.mrope = MRopeIndex(self.model.model, self.adapter.image_token_id) if self.family == QWEN2VL else None
+        self.mrope = self.family.host_positions(self.model.model)
         inner = self.model.model.forward
         self._inner_cache_kw = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
         self.stats.update({"prefill_batches": 0, "graphs": 0, "capture_s": 0.0, "compiled": 0, "prefill_s": 0.0,
@@ -249,7 +248,7 @@ class GraphEngine(HFEngine):
         return ok
 
     def _reset_rope_deltas(self) -> None:
-        if self.family in (QWEN2VL, QWEN3VL):
+        if self.family.uses_mrope:
             self.model.model.rope_deltas = None
 
     def _hf_forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
@@ -318,7 +317,7 @@ class GraphEngine(HFEngine):
         assert dec is not None
         self._settle()  # the step in flight is committed first (its rows may finish and be compacted)
         t0 = time.perf_counter()
-        batch, qwen = self._prefill_inputs(group)
+        batch, uses_mrope = self._prefill_inputs(group)
         t_inputs = time.perf_counter()
         b = self._batch
         first = len(b.reqs)
@@ -338,7 +337,7 @@ class GraphEngine(HFEngine):
         deltas = [0] * len(group)
         if pos is not None:
             deltas = [r.mrope[1] for r in group]
-        elif qwen and self.model.model.rope_deltas is not None:
+        elif uses_mrope and self.model.model.rope_deltas is not None:
             deltas = [int(d) for d in self.model.model.rope_deltas.reshape(len(group), -1)[:, 0].tolist()]
         temps = torch.tensor([r.sampling.temperature for r in group], dtype=torch.float32, device=self.device)
         tok, lp = sample_rows(logits, temps, dec.generator)

@@ -1,34 +1,33 @@
-"""One adapter per vision-language model family: prompt building, image token expansion, and the
-keyword arguments of a forward pass.
+"""The policy's tokenizer and image path, one `VLMAdapter` per model folder: prompt building, image
+token expansion, and the keyword arguments of a forward pass.
 
 The inference server, the episode workflow and the trainer all go through `VLMAdapter`, so the
 prompt token ids a server generated from are exactly the ids the trainer recomputes logprobs on
 (invariant: `tokenize(messages, images)` is deterministic and image placeholders are expanded here,
 on the rollout side, never implicitly by a processor elsewhere).
 
-Families: Idefics3/SmolVLM (the embedded default), Qwen2-VL/Qwen2.5-VL, Qwen3-VL, and text-only
-causal LMs. Qwen processors are bypassed (their __init__ needs torchvision for the video path,
-which screenshots never use): tokenizer and the PIL image processor are driven directly.
+What differs between model families (Idefics3/SmolVLM, the embedded default; Qwen2-VL/Qwen2.5-VL;
+Qwen3-VL; text-only causal LMs) lives in one class per family, in asyncwebrl/models/families/; the
+adapter keeps the checks all families share and delegates the rest to `self.model_family`.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from asyncwebrl.models.families import Encoded, ModelFamily, family_for_config, load_family, read_config
 from asyncwebrl.models.prepare import resolve_model_path
 
-IDEFICS3 = "idefics3"
-QWEN2VL = "qwen2_vl"  # Qwen2-VL and Qwen2.5-VL share the image path
-QWEN3VL = "qwen3_vl"
-TEXT = "text"
+__all__ = ["Encoded", "VLMAdapter", "decode_image", "detect_family", "encode_image_b64", "load_model"]
+
+QWEN2VL = "qwen2_vl"
+"""the Qwen2/2.5-VL family's name, kept for training/packing.py, which compares `VLMAdapter.family`;
+new code asks `VLMAdapter.model_family` what the model can do (e.g. `host_positions`) instead"""
 
 
 def decode_image(data: str | bytes | Image.Image) -> Image.Image:
@@ -56,57 +55,24 @@ def encode_image_b64(img: Image.Image | bytes, fmt: str = "PNG") -> str:
 
 
 def detect_family(path: str) -> str:
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        from transformers import AutoConfig
-
-        model_type = AutoConfig.from_pretrained(path).model_type
-    else:
-        model_type = json.loads(cfg_file.read_text()).get("model_type", "")
-    if model_type in ("idefics3", "smolvlm"):
-        return IDEFICS3
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
-        return QWEN2VL
-    if model_type in ("qwen3_vl", "qwen3_vl_moe"):
-        return QWEN3VL
-    return TEXT
-
-
-@dataclass
-class Encoded:
-    """Model-ready inputs of one sequence: token ids plus image tensors (if any)."""
-
-    input_ids: list[int]
-    images: dict[str, torch.Tensor]
+    """The name of the model family that serves the model folder (or hub id) `path`."""
+    return family_for_config(read_config(path)).name
 
 
 class VLMAdapter:
     """Tokenizer + image processor of a model folder, and the family's forward conventions."""
 
     def __init__(self, path: str):
-        from transformers import AutoTokenizer
-
         self.path = resolve_model_path(path)
-        self.family = detect_family(self.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.image_processor = None
-        self.processor = None
-        if self.family == IDEFICS3:
-            from transformers import AutoProcessor
-
-            self.processor = AutoProcessor.from_pretrained(self.path)
-            self.tokenizer = self.processor.tokenizer
-            self.image_processor = self.processor.image_processor
-            self.image_token = "<image>"
-        elif self.family in (QWEN2VL, QWEN3VL):
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-            self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.path)
-            self.image_token = "<|image_pad|>"
-            self.merge = self.image_processor.merge_size
-        self.image_token_id = (
-            self.tokenizer.convert_tokens_to_ids(self.image_token) if self.family != TEXT else None
-        )
+        self.model_family: ModelFamily = load_family(self.path)
+        """the model family (models/families/): what differs between families is asked of it"""
+        self.family: str = self.model_family.name
+        """the family's registered name, e.g. 'idefics3'"""
+        self.tokenizer = self.model_family.tokenizer
+        self.processor = self.model_family.processor
+        self.image_processor = self.model_family.image_processor
+        self.image_token = self.model_family.image_token
+        self.image_token_id = self.model_family.image_token_id
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
@@ -121,12 +87,7 @@ class VLMAdapter:
         return sorted(i for i in ids if i is not None)
 
     def chat_text(self, messages: list[dict[str, Any]]) -> str:
-        if self.family == TEXT:
-            messages = [
-                {**m, "content": m["content"] if isinstance(m["content"], str)
-                 else "".join(p.get("text", "") for p in m["content"])}
-                for m in messages
-            ]
+        messages = self.model_family.text_messages(messages)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def assistant_turn_ids(self, text: str) -> list[int]:
@@ -136,9 +97,7 @@ class VLMAdapter:
         token gets the tokenizer's EOS appended; one that does not extend the generation prompt
         (unusual) gives the plain text's tokens plus EOS."""
         probe = [{"role": "user", "content": [{"type": "text", "text": "."}]}]
-        turn = probe + [{"role": "assistant", "content": [{"type": "text", "text": text}]}]
-        if self.family == TEXT:
-            turn = [{**m, "content": "".join(p["text"] for p in m["content"])} for m in turn]
+        turn = self.model_family.text_messages(probe + [{"role": "assistant", "content": [{"type": "text", "text": text}]}])
         head = self.chat_text(probe)
         full = self.tokenizer.apply_chat_template(turn, tokenize=False)
         tail = full[len(head):] if full.startswith(head) else text
@@ -153,27 +112,11 @@ class VLMAdapter:
     def encode(self, text: str, images: list[Image.Image] | None = None) -> Encoded:
         """Token ids with every image placeholder expanded, and the image tensors for forward."""
         images = images or []
-        if self.family == TEXT or not images:
-            if self.family != TEXT and self.image_token in text:
+        if not self.model_family.takes_images or not images:
+            if self.image_token is not None and self.image_token in text:
                 raise ValueError("prompt has image placeholders but no images were given")
             return Encoded(self.tokenizer(text, add_special_tokens=False)["input_ids"], {})
-        if self.family == IDEFICS3:
-            out = self.processor(text=text, images=[images], return_tensors="pt", add_special_tokens=False)
-            return Encoded(
-                out["input_ids"][0].tolist(),
-                {"pixel_values": out["pixel_values"], "pixel_attention_mask": out["pixel_attention_mask"]},
-            )
-        img = self.image_processor(images=images, return_tensors="pt")
-        grid = img["image_grid_thw"]
-        parts = text.split(self.image_token)
-        if len(parts) - 1 != len(images):
-            raise ValueError(f"prompt has {len(parts) - 1} image placeholders but {len(images)} images")
-        pieces = [parts[0]]
-        for g, rest in zip(grid, parts[1:], strict=False):
-            pieces.append(self.image_token * int(g.prod() // self.merge**2))
-            pieces.append(rest)
-        ids = self.tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
-        return Encoded(ids, {"pixel_values": img["pixel_values"], "image_grid_thw": grid})
+        return self.model_family.encode_images(text, images)
 
     def encode_with_images_for_ids(self, input_ids: list[int], images: list[Image.Image]) -> dict[str, torch.Tensor]:
         """Image tensors for already-expanded `input_ids` (the server and trainer path); checks that
@@ -182,21 +125,7 @@ class VLMAdapter:
             if self.image_token_id is not None and self.image_token_id in input_ids:
                 raise ValueError("input_ids contain image tokens but no image_data was given")
             return {}
-        if self.family == TEXT:
-            raise ValueError("this model takes no images")
-        if self.family == IDEFICS3:
-            n_img = sum(1 for t in input_ids if t == self.image_token_id)
-            per = self.processor.image_seq_len
-            if n_img != per * len(images):
-                raise ValueError(f"input_ids hold {n_img} image tokens; {len(images)} images need {per * len(images)}")
-            out = self.image_processor(images=[images], return_tensors="pt")
-            return {"pixel_values": out["pixel_values"], "pixel_attention_mask": out["pixel_attention_mask"]}
-        img = self.image_processor(images=images, return_tensors="pt")
-        need = int(sum(int(g.prod()) // self.merge**2 for g in img["image_grid_thw"]))
-        n_img = sum(1 for t in input_ids if t == self.image_token_id)
-        if n_img != need:
-            raise ValueError(f"input_ids hold {n_img} image tokens; the images need {need}")
-        return {"pixel_values": img["pixel_values"], "image_grid_thw": img["image_grid_thw"]}
+        return self.model_family.images_for_ids(input_ids, images)
 
     # ---- batching ------------------------------------------------------------------------------
     def collate(self, seqs: list[list[int]], images: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -209,33 +138,15 @@ class VLMAdapter:
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             mask[i, : len(s)] = 1
         batch: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
-        have = [im for im in images if im]
-        if not have:
-            return batch
-        if self.family == IDEFICS3:
-            n_img = max(im["pixel_values"].shape[1] for im in have)
-            c, h, w = have[0]["pixel_values"].shape[2:]
-            pv = torch.zeros((len(seqs), n_img, c, h, w), dtype=have[0]["pixel_values"].dtype)
-            pm = torch.zeros((len(seqs), n_img, h, w), dtype=torch.bool)
-            for i, im in enumerate(images):
-                if im:
-                    k = im["pixel_values"].shape[1]
-                    pv[i, :k] = im["pixel_values"][0]
-                    pm[i, :k] = im["pixel_attention_mask"][0].bool()
-            batch.update(pixel_values=pv, pixel_attention_mask=pm)
-        else:
-            batch["pixel_values"] = torch.cat([im["pixel_values"] for im in have])
-            batch["image_grid_thw"] = torch.cat([im["image_grid_thw"] for im in have])
-            batch["mm_token_type_ids"] = (ids == self.image_token_id).long() * mask
+        if any(images):
+            batch.update(self.model_family.batch_images(ids, mask, images))
         return batch
 
 
 def load_model(path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"):
     """The policy as a transformers model (image-text-to-text, or causal LM for text models)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
     path = resolve_model_path(path)
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    cls = AutoModelForCausalLM if detect_family(path) == TEXT else AutoModelForImageTextToText
+    cls = family_for_config(read_config(path)).auto_model()
     model = cls.from_pretrained(path, dtype=dt)
     return model.to(device)
