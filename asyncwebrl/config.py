@@ -85,6 +85,9 @@ class RunConfig:
         if alloc.actor is None:
             raise ConfigError("allocation_mode needs a training component 'fsdp[actor]:dN'")
         self._validate_inference_servers(alloc)
+        from asyncwebrl.scheduling.fit import check_fit_here
+
+        check_fit_here(self)  # the shared-device layout: refused here when trainer and server cannot fit
         if self.total_train_steps < 1:
             raise ConfigError("total_train_steps must be >= 1")
         if alloc.rollout.backend == "sglang" and self.cluster.n_gpus_per_node == 0:

@@ -210,7 +210,10 @@ def _build_local(s: System) -> None:
     from asyncwebrl.scheduling.servers import launch_server
     from asyncwebrl.scheduling.trainer_host import start_trainer
 
+    from asyncwebrl.scheduling.fit import check_fit_here
+
     cfg = s.cfg
+    check_fit_here(cfg)  # again where the device is known (the config may have been loaded without one)
     n_gpus = 0
     if cfg.cluster.n_gpus_per_node:
         import torch

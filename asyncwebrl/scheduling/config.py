@@ -54,6 +54,9 @@ class ClusterConfig:
     rollout device of allocation_mode, either mode"""
     fileroot: str = "runs"
     """root of run directories (checkpoints, logs, metrics)"""
+    device_memory_gb: float | None = None
+    """memory of one GPU (GiB) for the shared-device layout's fit check before start (None = read from
+    the first GPU this process sees; without one the check runs where the roles start)"""
 
     def validate(self) -> None:
         if self.n_nodes < 1 or self.n_gpus_per_node < 0 or (self.n_inference_servers or 0) < 0:

@@ -1,7 +1,10 @@
 """From allocation_mode + cluster to concrete per-role device requests (SPEC section 1).
 
-Invariant: in disaggregated mode no two roles share a device; the test-rollout group gets devices
-apart from both train rollout and the actor. On machines without GPUs every role gets fractional
+Invariant: in disaggregated mode ('+') no two roles share a device; the test-rollout group gets
+devices apart from both train rollout and the actor. In the shared-device layout
+(`sglang[rollout]:dN|fsdp[actor]:dN`) rollout server i and trainer rank i share device i, both
+resident (each asks half a GPU of Ray; the local scheduler hands them the same index), and nothing
+else is placed there. On machines without GPUs every role gets fractional
 CPU slices instead, so the same layout runs (slowly) on a laptop.
 """
 
@@ -28,6 +31,8 @@ class RolePlan:
     backend: str
     node_resource: str | None = None
     """custom Ray node resource every bundle asks a sliver of (pins the role to nodes offering it)"""
+    shares_with: str | None = None
+    """the role whose devices this one shares ('|' in allocation_mode): worker i on that role's device i"""
 
     def bundles(self) -> list[dict[str, float]]:
         b = {"CPU": self.cpus}
@@ -45,10 +50,15 @@ def plan_roles(cfg) -> list[RolePlan]:
     rollout, actor = alloc.rollout, alloc.actor
     if rollout.tp != 1 or rollout.pp != 1:
         raise ConfigError("train-rollout servers run with tp=1, pp=1 (one server per device); use dN only")
+    from asyncwebrl.scheduling.fit import shares_device
+
     cpu_share = cfg.scheduler.cpus_per_role
+    shared = shares_device(alloc)
+    per_gpu = (0.5 if shared else 1.0) if gpu else 0.0
     plans = [
-        RolePlan(ROLLOUT, cfg.n_rollout_servers, 1.0 if gpu else 0.0, 1.0 if gpu else cpu_share, rollout.backend),
-        RolePlan(ACTOR, actor.world_size, 1.0 if gpu else 0.0, 1.0 if gpu else cpu_share, actor.backend),
+        RolePlan(ROLLOUT, cfg.n_rollout_servers, per_gpu, 1.0 if gpu else cpu_share, rollout.backend),
+        RolePlan(ACTOR, actor.world_size, per_gpu, 1.0 if gpu else cpu_share, actor.backend,
+                 shares_with=ROLLOUT if shared else None),
     ]
     if cfg.test_rollout.enabled:
         n_test = max(1, cfg.test_rollout.n_gpus)
@@ -65,11 +75,18 @@ def plan_roles(cfg) -> list[RolePlan]:
 
 
 def local_device_assignment(plans: list[RolePlan], n_gpus: int) -> dict[str, list[str]]:
-    """For the `local` scheduler: hand out GPU indices role by role, no device shared across roles;
-    CPU-only roles get 'cpu'."""
+    """For the `local` scheduler: hand out GPU indices role by role, no device shared across roles
+    except a role's `shares_with` partner (worker i on its device i); CPU-only roles get 'cpu'."""
     out: dict[str, list[str]] = {}
     nxt = 0
     for p in plans:
+        if p.shares_with is not None:
+            partner = out[p.shares_with]
+            if len(partner) != p.n:
+                raise ConfigError(f"role '{p.role}' shares the devices of '{p.shares_with}' but has {p.n} workers "
+                                  f"to its {len(partner)}")
+            out[p.role] = list(partner)
+            continue
         devs = []
         for _ in range(p.n):
             if p.gpus:

@@ -21,9 +21,15 @@ class TrainerRank:
     """One trainer rank: an FSDPActor plus, on rank 0, the weight broadcaster to train-rollout servers."""
 
     def __init__(self, actor_cfg, rank: int, world_size: int, master_addr: str, master_port: int,
-                 device: str = "cpu", cpu_threads: int | None = None, multi_node: bool = False):
+                 device: str = "cpu", cpu_threads: int | None = None, multi_node: bool = False,
+                 same_device: bool = False, wire_dtype: str | None = None, memory_fraction: float | None = None):
+        """`same_device`: this rank shares its device with train-rollout server `rank` (the shared-device
+        layout): weights go to that server through handles to this rank's memory (`weights/ipc.py`),
+        in `wire_dtype`; `memory_fraction` caps this rank's share of its GPU (the server's is kept free)."""
         import torch
 
+        if memory_fraction is not None and device.startswith("cuda"):
+            torch.cuda.set_per_process_memory_fraction(memory_fraction, torch.device(device))
         if cpu_threads:
             # Ray pins fractional-CPU actors to one thread; the trainer needs the cores it shares.
             torch.set_num_threads(cpu_threads)
@@ -38,6 +44,7 @@ class TrainerRank:
         self.cfg = actor_cfg
         self.master_addr = master_addr
         self.multi_node = multi_node
+        self.same_device, self.wire_dtype = same_device, wire_dtype
         self.actor = FSDPActor(actor_cfg, rank=rank, world_size=world_size, master_addr=master_addr,
                                master_port=master_port, device=device)
         self.broadcaster = None
@@ -58,6 +65,9 @@ class TrainerRank:
         return bc_epochs(self.actor, samples, ws_cfg)
 
     def init_weight_group(self, server_addresses: list[str], api_key: str | None, master_port: int | None = None) -> None:
+        if self.same_device:  # every rank feeds the server on its own device; no group, no network
+            self._init_same_device(server_addresses[self.rank], api_key)
+            return
         if self.rank != 0:
             return
         from asyncwebrl.net import node_address
@@ -74,11 +84,28 @@ class TrainerRank:
                                         timeout_s=self.cfg.weight_update_timeout_s)
         self.broadcaster.init_group()
 
+    def _init_same_device(self, server: str, api_key: str | None) -> None:
+        import torch
+
+        from asyncwebrl.weights.ipc import SameDeviceSender
+
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+        self.broadcaster = SameDeviceSender(server, api_key, device=str(self.actor.device),
+                                            bucket_mb=self.cfg.weight_chunked_mem_mb,
+                                            timeout_s=self.cfg.weight_update_timeout_s,
+                                            wire_dtype=getattr(torch, self.wire_dtype) if self.wire_dtype else None)
+        self.broadcaster.init_group()
+
     def broadcast_weights(self):
         """Send the weights to the servers, gathered one parameter at a time as the buckets fill (all
         ranks take part in the gathers); rank 0's TransferReport, None on the other ranks. The version
         is not sent here: the refresh bracket sets it on the servers once every bucket landed."""
         named = self.actor.iter_full_parameters()
+        if self.same_device:  # each rank to the server beside it (every rank gathered the full tensors)
+            if self.broadcaster is None:
+                raise RuntimeError("broadcast_weights before init_weight_group")
+            return self.broadcaster.transfer(named, meta=self.actor.parameter_meta())
         if self.rank != 0:
             for _ in named:  # the other ranks' side of each gather
                 pass
@@ -161,8 +188,12 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
 
     world = cfg.allocation.actor.world_size
     from asyncwebrl.scheduling.budget import core_budget
+    from asyncwebrl.scheduling.fit import shares_device
 
     threads = core_budget(cfg).trainer_threads
+    same = dict(same_device=shares_device(cfg.allocation), wire_dtype=cfg.inference.dtype,
+                memory_fraction=(1.0 - cfg.inference.mem_fraction_static
+                                 if shares_device(cfg.allocation) and cfg.cluster.n_gpus_per_node else None))
     if scheduler is None:
         if world != 1:
             raise NotImplementedError(
@@ -170,7 +201,7 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
                 "for fsdp[actor]:dN with N > 1"
             )
         return TrainerGroup([TrainerRank(cfg.actor, 0, 1, LOOPBACK, free_port(LOOPBACK), device,
-                                             cpu_threads=threads)], remote=False)
+                                             cpu_threads=threads, **same)], remote=False)
     import ray
 
     # the rendezvous is rank 0's node address (its Ray node IP when the cluster spans nodes)
@@ -178,7 +209,7 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
     remote_cls = ray.remote(max_restarts=0)(TrainerRank)
     ranks = [scheduler.start("actor", remote_cls, cfg.actor, r, world, master_addr, port,
                              "cuda:0" if cfg.cluster.n_gpus_per_node else "cpu", threads, scheduler.spans_nodes,
-                             index=r)
+                             same["same_device"], same["wire_dtype"], same["memory_fraction"], index=r)
              for r in range(world)]
     ray.get([r.ready.remote() for r in ranks])
     return TrainerGroup(ranks, remote=True)
