@@ -44,10 +44,6 @@ class Alloc:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
-    @property
-    def is_inference(self) -> bool:
-        return self.backend in INFERENCE_BACKENDS
-
 
 @dataclass(frozen=True)
 class Component:
@@ -85,10 +81,6 @@ class AllocationMode:
     @property
     def actor(self) -> Alloc | None:
         return self.role("actor")
-
-    @property
-    def colocated(self) -> bool:
-        return any(len(c.allocs) > 1 for c in self.components)
 
 
 class _Parser:

@@ -18,6 +18,22 @@ NODE = "node"
 """the bind address meaning: this node's address (loopback on one box, Ray's node IP across nodes)"""
 
 
+def answers_health(address: str, api_key: str | None = None, timeout_s: float = 5.0) -> bool:
+    """One GET `address`/health: True when the server answers 200 within `timeout_s` (the health
+    probe of every caller: a launcher waiting for a server, the controller's supervisor)."""
+    import http.client
+    import urllib.request
+
+    req = urllib.request.Request(address.rstrip("/") + "/health")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status == 200
+    except (OSError, ValueError, http.client.HTTPException):  # refused, timed out, HTTP error, garbage
+        return False
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that was free on `host` a moment ago (the OS picks it)."""
     with socket.socket() as s:

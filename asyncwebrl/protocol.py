@@ -26,7 +26,6 @@ base64 / data-URI strings.
 from __future__ import annotations
 
 import base64
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -563,9 +562,6 @@ def parse_generate_bounded(raw: bytes, max_prompts: int, max_tokens: int, max_ch
                                     f"exceeds the limit of {max_chars}")
     return req
 
-
-def is_finite_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 # ---- responses -----------------------------------------------------------------------------------

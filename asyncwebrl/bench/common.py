@@ -7,17 +7,20 @@ from typing import Any
 
 
 def parse_overrides(overrides: list[str] | None, defaults: dict[str, Any]) -> dict[str, Any]:
-    """key=value overrides of a benchmark's own knobs; unknown keys are an error."""
-    import yaml
+    """key=value overrides of a benchmark's own knobs, read by the run config's override parser
+    (`configtree.parse_override`: the value as YAML); unknown keys are an error."""
+    from asyncwebrl.configtree import ConfigError, parse_override
 
     out = dict(defaults)
     for ov in overrides or []:
-        if "=" not in ov:
-            raise SystemExit(f"benchmark override '{ov}' must be key=value")
-        k, v = ov.split("=", 1)
+        try:
+            path, value = parse_override(ov)
+        except ConfigError as e:
+            raise SystemExit(f"benchmark {e}") from None
+        k = ".".join(path)
         if k not in out:
             raise SystemExit(f"unknown benchmark knob '{k}'; valid: {', '.join(sorted(out))}")
-        out[k] = yaml.safe_load(v)
+        out[k] = value
     return out
 
 

@@ -21,7 +21,6 @@ Invariant: every process this module starts is ended before it returns (also on 
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 import statistics
@@ -63,15 +62,6 @@ DEFAULTS: dict[str, Any] = {
     "disk": 0,
     "out": "weightsync",
 }
-
-
-def checksum(named: list[tuple[str, torch.Tensor]]) -> str:
-    """sha256 over names and raw bytes, in order (bit-exact comparison across processes)."""
-    h = hashlib.sha256()
-    for name, t in named:
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 # ---- floor receivers: the same group shape, no HTTP --------------------------------------------------

@@ -42,14 +42,6 @@ log = logging.getLogger("asyncwebrl")
 
 
 @dataclass
-class StepTimes:
-    wait: float = 0.0
-    train: float = 0.0
-    sync: float = 0.0
-    ckpt: float = 0.0
-
-
-@dataclass
 class LoopState:
     step: int = 0
     t_start: float = field(default_factory=time.monotonic)

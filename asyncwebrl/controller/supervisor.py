@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from asyncwebrl.net import answers_health
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +65,10 @@ class Supervisor:
         except Exception:  # the host actor itself is gone
             return False
 
-    def _answers(self, address: str) -> bool:
-        req = urllib.request.Request(address + "/health")
-        key = self.system.api_key
-        if key:
-            req.add_header("Authorization", f"Bearer {key}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.health_timeout_s) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
     def dead_servers(self) -> list[int]:
         """Indices (into system.server_handles) of train-rollout servers that are down."""
         return [i for i, a in enumerate(self.system.server_addresses)
-                if a not in self.dropped and not (self._process_alive(i) and self._answers(a))]
+                if a not in self.dropped and not (self._process_alive(i) and answers_health(a, self.system.api_key, self.health_timeout_s))]
 
     # ---- recovery ------------------------------------------------------------------------------
     def _restart(self, index: int) -> None:

@@ -213,14 +213,6 @@ class InferenceClient(ServerHttp):
                 out[a] = r
         return out
 
-    async def apause(self, mode: str = "in_place") -> dict[str, dict[str, Any]]:
-        """Pause generation on every healthy server; running requests are kept (in_place) unless
-        mode='abort'. The mode is always sent: an empty body means 'abort' to SGLang."""
-        return await self._broadcast("/pause_generation", {"mode": mode})
-
-    async def aresume(self) -> dict[str, dict[str, Any]]:
-        return await self._broadcast("/continue_generation", {})
-
     async def aupdate_weights_from_disk(self, path: str, version: int | str,
                                        abort_all_requests: bool = False) -> dict[str, dict[str, Any]]:
         """Hot-load an HF safetensors folder on every healthy server and set the weight version."""
@@ -229,34 +221,6 @@ class InferenceClient(ServerHttp):
             {"model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests},
             timeout_s=max(self.timeout_s, 600.0),
         )
-
-    async def aupdate_weight_version(self, version: int | str) -> dict[str, dict[str, Any]]:
-        return await self._broadcast("/update_weight_version", {"new_version": str(version)})
-
-    async def ahealth(self, timeout_s: float = 5.0) -> dict[str, bool]:
-        """GET /health on every server (failed ones too); a healthy answer restores a failed server."""
-        async def one(a: str) -> bool:
-            try:
-                await self.call(a, "/health", method="GET", timeout_s=timeout_s)
-                return True
-            except Exception:
-                return False
-
-        res = dict(zip(self.addresses, await asyncio.gather(*(one(a) for a in self.addresses)), strict=False))
-        for a, ok_ in res.items():
-            if ok_:
-                self.restore(a)
-        return res
-
-    def health(self, timeout_s: float = 5.0) -> dict[str, bool]:
-        """Blocking GET /health of every server."""
-        async def once() -> dict[str, bool]:
-            try:
-                return await self.ahealth(timeout_s)
-            finally:
-                await self.aclose()
-
-        return asyncio.run(once())
 
 
 def _parse_generate_response(resp: dict[str, Any]) -> tuple[list[int], list[float], list[int], str]:

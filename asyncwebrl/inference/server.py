@@ -44,6 +44,7 @@ from aiohttp import web
 from asyncwebrl import httpguard, net
 from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine, RequestLimits
 from asyncwebrl.inference.policy import ServerPolicy, policy_from_args
+from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.net import free_port
 from asyncwebrl.protocol import (
     REQUEST_TYPES,
@@ -525,17 +526,14 @@ class ThreadServer:
 
     engine: HFEngine
     address: str
-    _loop: asyncio.AbstractEventLoop
+    _loop: LoopThread
     _runner: web.AppRunner
-    _thread: threading.Thread
     api_key: str = field(default="", repr=False)
     """the server's key (control endpoints need it)"""
 
     def stop(self) -> None:
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-        fut.result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
+        self._loop.run(self._runner.cleanup(), 30)
+        self._loop.stop(30)
 
 
 def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBACK,
@@ -546,20 +544,16 @@ def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBAC
     port = port or free_port(host)
     if policy is None:
         policy = ServerPolicy(api_key=api_key, key_scope="all") if api_key else ServerPolicy()
-    loop = asyncio.new_event_loop()
+    loop = LoopThread("hf-server")
     srv = InferenceServer(engine, policy=policy)
     runner = web.AppRunner(srv.app(), access_log=None)
-    ready = threading.Event()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, host, port).start())
-        ready.set()
-        loop.run_forever()
+    async def serve() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
 
-    t = threading.Thread(target=run, name="hf-server", daemon=True)
-    t.start()
-    if not ready.wait(60):
-        raise RuntimeError("in-thread server did not start")
-    return ThreadServer(engine, f"http://{host}:{port}", loop, runner, t, api_key=policy.api_key)
+    try:
+        loop.run(serve(), 60)
+    except TimeoutError as e:
+        raise RuntimeError("in-thread server did not start") from e
+    return ThreadServer(engine, f"http://{host}:{port}", loop, runner, api_key=policy.api_key)

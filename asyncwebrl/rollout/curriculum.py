@@ -75,12 +75,6 @@ def group_counts(group: RolloutGroup) -> tuple[int, int]:
     return sum(1 for t in alive if t.success), len(alive)
 
 
-def group_success_rate(group: RolloutGroup) -> float | None:
-    """Share of successful episodes among the group's non-failed ones (None: nothing usable)."""
-    wins, n = group_counts(group)
-    return wins / n if n else None
-
-
 def zero_advantage(group: RolloutGroup) -> bool:
     """True when group-normalized (GRPO) advantages of the group are all zero: every usable episode got
     the same reward, so the group carries no learning signal."""

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.stats import ExecutorStats
@@ -87,7 +88,7 @@ class WorkflowExecutor:
         self._version = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: LoopThread | None = None
         self._slot_tasks: list[asyncio.Task] = []
         self._kick: asyncio.Event | None = None
         self._stopping = False
@@ -104,44 +105,35 @@ class WorkflowExecutor:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, timeout_s: float = 10.0) -> None:
-        if self._thread is not None:
+        if self._runner is not None:
             raise RuntimeError(f"executor {self.name} already started")
-        ready = threading.Event()
+        self._runner = LoopThread(f"{self.name}-loop")
+        self._loop = self._runner.loop
+        try:
+            self._runner.run(self._begin(), timeout_s)
+        except TimeoutError as e:
+            raise RuntimeError(f"executor {self.name}: event loop did not start within {timeout_s} s") from e
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            self._kick = asyncio.Event()
-            self._started_at = time.monotonic()
-            self._slot_tasks = [loop.create_task(self._slot(i), name=f"{self.name}-slot{i}") for i in range(self.slots)]
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name=f"{self.name}-loop", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout_s):
-            raise RuntimeError(f"executor {self.name}: event loop did not start within {timeout_s} s")
+    async def _begin(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._kick = asyncio.Event()
+        self._started_at = time.monotonic()
+        self._slot_tasks = [loop.create_task(self._slot(i), name=f"{self.name}-slot{i}") for i in range(self.slots)]
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Cancel every slot (in-flight rollouts count as cancelled), close the workflow, stop the loop."""
-        if self._thread is None or self._loop is None:
+        if self._runner is None:
             return
         self._stopping = True
         self.gate.resume()  # wake paused slots so they can see the stop flag
-        fut = asyncio.run_coroutine_threadsafe(self._stop_slots(), self._loop)
+        fut = self._runner.submit(self._stop_slots())
         try:
             fut.result(timeout_s)
         except Exception as e:  # noqa: BLE001 - shutdown must finish; report what went wrong
             log.warning("executor %s: unclean shutdown: %r", self.name, e)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        if not self._runner.stop(timeout_s):
             log.warning("executor %s: loop thread did not stop within %s s", self.name, timeout_s)
-        self._thread = None
+        self._runner = None
 
     async def _stop_slots(self) -> None:
         for t in self._slot_tasks:

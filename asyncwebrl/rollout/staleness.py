@@ -73,13 +73,6 @@ class StalenessManager:
             return True
 
     # -- transitions --------------------------------------------------------------------------
-    def on_submit(self, owner: int = 0) -> None:
-        """Count an admission decided elsewhere (the caller checked capacity itself)."""
-        with self._lock:
-            self.enqueued += 1
-            self.running += 1
-            self._running_by[owner] = self._running_by.get(owner, 0) + 1
-
     def on_accept(self, owner: int = 0) -> None:
         with self._lock:
             self._finish(owner, "on_accept")

@@ -39,12 +39,6 @@ class ExecutorStats:
     paused: bool
 
     @property
-    def idle_fraction(self) -> float:
-        """Share of slot-time spent not running a rollout (waiting for capacity, paused)."""
-        total = self.slots * self.elapsed_s
-        return max(0.0, 1.0 - self.busy_s / total) if total > 0 else 0.0
-
-    @property
     def in_flight(self) -> int:
         return self.admitted - self.completed - self.failed - self.cancelled
 

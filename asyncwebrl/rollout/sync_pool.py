@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.records import RolloutGroup
 from asyncwebrl.rollout.gate import ResumeGate
 from asyncwebrl.rollout.hosts import RolloutSpec
@@ -50,8 +50,7 @@ class SyncRolloutPool:
         self.gate = ResumeGate()
         self.tasks = spec.make_tasks(0)
         self._workflow: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self.clock = clock if clock is not None else PolicyVersion()
         """the version's owner: read here, advanced only by the refresh bracket"""
         self.started_at = 0.0
@@ -72,9 +71,7 @@ class SyncRolloutPool:
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SyncRolloutPool:
         # one loop for the whole run: environments (Playwright pages) are bound to the loop that made them
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sync-pool-loop", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("sync-pool-loop")
         self.started_at = time.monotonic()
         return self
 
@@ -83,14 +80,11 @@ class SyncRolloutPool:
             return
         if self._workflow is not None:
             try:
-                asyncio.run_coroutine_threadsafe(self._close(self._workflow), self._loop).result(60)
+                self._loop.run(self._close(self._workflow), 60)
             except Exception as e:  # noqa: BLE001
                 log.warning("sync pool: closing sessions failed: %r", e)
             self._workflow = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop.close()
+        self._loop.stop(10)
         self._loop = None
 
     @staticmethod
@@ -149,7 +143,7 @@ class SyncRolloutPool:
         if self._loop is None:
             raise RuntimeError("SyncRolloutPool.prepare_batch before start()")
         t0 = time.monotonic()
-        fut = asyncio.run_coroutine_threadsafe(self._round(n), self._loop)
+        fut = self._loop.submit(self._round(n))
         try:
             groups = fut.result(timeout_s or self.batch_timeout_s)
         except concurrent.futures.TimeoutError as e:

@@ -17,8 +17,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from asyncwebrl.net import (
     LOOPBACK,
     WILDCARDS,
     advertised_address,
+    answers_health,
     bind_address,
     collective_interface_env,
     free_port,
@@ -103,20 +102,13 @@ def wait_healthy(address: str, timeout_s: float = 300.0, *, proc: ServerProcess 
     TimeoutError when the time runs out."""
     popen = proc.proc if isinstance(proc, ServerProcess) else proc
     deadline = time.monotonic() + timeout_s
-    req = urllib.request.Request(address + "/health")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     while time.monotonic() < deadline:
         if popen is not None and popen.poll() is not None:
             tail = proc.log_tail() if isinstance(proc, ServerProcess) else ""
             raise RuntimeError(f"inference server at {address} exited with code {popen.returncode} "
                                f"before it was healthy" + (f":\n{tail}" if tail else ""))
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if answers_health(address, api_key, timeout_s=5):
+            return
         time.sleep(0.3)
     raise TimeoutError(f"inference server at {address} not healthy after {timeout_s:.0f} s")
 

@@ -145,37 +145,6 @@ def parse_action(text: Any) -> dict[str, Any] | None:
         return None
 
 
-def format_action(action: dict[str, Any]) -> str:
-    """The canonical WebGym-style text of an action (what oracles emit and prompts show)."""
-    t = action["type"]
-    if t == "click":
-        return f"click [{action['element']}]" if "element" in action else f"click [{_fmt(action['x'])}, {_fmt(action['y'])}]"
-    if t == "type":
-        where = f"[{action['element']}]" if "element" in action else f"[{_fmt(action['x'])}, {_fmt(action['y'])}]"
-        return f"type {where} [{action['text']}]"
-    if t == "select":
-        return f"select [{action['element']}] [{action['option']}]"
-    if t == "scroll":
-        if "dx" in action:
-            return f"scroll({_fmt(action['dx'])}, {_fmt(action['dy'])})"
-        if "element" in action:
-            return f"scroll [{action['element']}] [{action['direction']}]"
-        if "x" in action:
-            return f"scroll [{_fmt(action['x'])}, {_fmt(action['y'])}] [{action['direction']}]"
-        return f"scroll [WINDOW] [{action['direction']}]"
-    if t == "go_back":
-        return "GoBack"
-    if t == "wait":
-        return "Wait"
-    if t == "answer":
-        return f"ANSWER [{action['text']}]"
-    raise ValueError(f"unknown action type {t!r}")
-
-
-def _fmt(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
-
-
 def _point(action: dict[str, Any], elements: list[dict[str, Any]], coord_mode: str,
            width: int, height: int) -> tuple[float, float] | str:
     """Viewport pixel target of an action, or the reason it has none."""

@@ -178,10 +178,6 @@ class BrowserSession:
         return (not self.crashed and not self.page.is_closed() and self.pool.connected()
                 and self.generation == self.pool.generation)
 
-    def check_alive(self) -> None:
-        if not self.alive():
-            raise EnvCrashed("browser or page died during the episode")
-
     def take_blocked(self) -> list[BlockedRequest]:
         """The fence's records since the last call (popups closed count as refused 'popup' targets)."""
         with self._lock:

@@ -31,11 +31,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
+
+from asyncwebrl.loop_thread import LoopThread
 
 Resolver = Callable[[str], Awaitable[list[str]]]
 """host name -> IP address strings (raises OSError when the name does not resolve)"""
@@ -244,9 +245,7 @@ class NetworkFence:
 
     def __init__(self, resolver: Resolver | None = None):
         self.resolver = resolver or system_resolver
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="asyncwebrl-fence", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("asyncwebrl-fence")
         self._gates: dict[int, tuple[asyncio.AbstractServer, set[asyncio.StreamWriter]]] = {}
         self._owners: dict[int, FencedSession] = {}
         """gate port -> the session it serves (read on every connection)"""
@@ -254,13 +253,13 @@ class NetworkFence:
         self.closed = False
 
     def _call(self, coro: Awaitable[Any], timeout: float = 10.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._loop.run(coro, timeout)
 
     async def open_gate(self, session: FencedSession | None = None) -> int:
         """A new gate for `session` (await from any loop; None = refuse everything until `bind_gate`);
         its port goes into the context's proxy setting."""
         return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(self._open(session or _DenyAll()), self._loop))
+            self._loop.submit(self._open(session or _DenyAll())))
 
     def bind_gate(self, port: int, session: FencedSession) -> None:
         """Point an open gate at its session (the context needs the port before the session exists)."""
@@ -270,7 +269,7 @@ class NetworkFence:
         if self.closed:
             return
         await asyncio.wait_for(
-            asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(port), self._loop)), 10)
+            asyncio.wrap_future(self._loop.submit(self._close(port))), 10)
 
     def close(self) -> None:
         if self.closed:
@@ -280,10 +279,7 @@ class NetworkFence:
             for port in list(self._gates):
                 self._call(self._close(port))
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            if not self._thread.is_alive():
-                self._loop.close()
+            self._loop.stop(10)
 
     async def _open(self, session: FencedSession) -> int:
         conns: set[asyncio.StreamWriter] = set()

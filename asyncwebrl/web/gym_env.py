@@ -7,6 +7,9 @@ grammar (e.g. "click [3]", "type [2] [Bob]", "select [4] [Blue]", BrowserGym's "
 'Blue')") or an already parsed action dict. `info` carries `no_effect` (the action changed nothing)
 and `blocked` (connections the network fence refused, as dicts).
 
+Gymnasium is an optional extra (`pip install 'asyncwebrl[gym]'`); without it importing this module
+raises ImportError saying so.
+
 Invariant: each wrapper owns one private event loop on a daemon thread (Playwright objects are
 bound to the loop that made them); every call into it has a timeout, and `close()` stops the loop
 and the browser it started.
@@ -14,18 +17,21 @@ and the browser it started.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
 import string
-import threading
 from typing import Any
 
-import gymnasium as gym
+try:
+    import gymnasium as gym
+    from gymnasium import spaces
+except ImportError as e:  # the optional extra
+    raise ImportError("asyncwebrl.web.gym_env needs Gymnasium, an optional extra: "
+                      "pip install 'asyncwebrl[gym]' (or pip install gymnasium)") from e
 import numpy as np
-from gymnasium import spaces
 from PIL import Image
 
+from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import Task
 from asyncwebrl.web.browser import BrowserPool
@@ -34,22 +40,6 @@ from asyncwebrl.web.observe import elements_text
 
 CALL_TIMEOUT_S = 120.0
 _TEXT_CHARSET = string.printable
-
-
-class _LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="asyncwebrl-gym-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = CALL_TIMEOUT_S):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 class BrowserGymEnv(gym.Env):
@@ -82,7 +72,7 @@ class BrowserGymEnv(gym.Env):
             "elements": spaces.Text(max_length=16384, min_length=0, charset=_TEXT_CHARSET),
         })
         self.action_space = spaces.Text(max_length=4096, charset=_TEXT_CHARSET)
-        self._loop = _LoopThread()
+        self._loop = LoopThread("asyncwebrl-gym-loop")
         self._pool = BrowserPool(self.cfg)
         from asyncwebrl.web.env_factory import make_env
 
@@ -101,13 +91,13 @@ class BrowserGymEnv(gym.Env):
         ep_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         t = self._template
         task = Task(task_id=t.task_id, seed=ep_seed, max_steps=self.max_steps, instruction=t.instruction, spec=t.spec)
-        o = self._loop.run(self._env.reset(task))
+        o = self._loop.run(self._env.reset(task), CALL_TIMEOUT_S)
         self._steps = 0
         return self._obs(o), {"task_id": task.task_id, "seed": ep_seed, "url": o.url}
 
     def step(self, action: str | dict[str, Any]):
         parsed = parse_action(action) if isinstance(action, str) else action
-        o, res = self._loop.run(self._env.step(parsed))
+        o, res = self._loop.run(self._env.step(parsed), CALL_TIMEOUT_S)
         self._steps += 1
         truncated = not res.done and self._steps >= self.max_steps
         info = {"success": res.success, "raw_reward": res.raw_reward, "invalid": res.invalid,
@@ -125,8 +115,8 @@ class BrowserGymEnv(gym.Env):
             return
         self._closed = True
         try:
-            self._loop.run(self._env.close(), timeout=30)
-            self._loop.run(self._pool.close(), timeout=30)
+            self._loop.run(self._env.close(), 30)
+            self._loop.run(self._pool.close(), 30)
         finally:
             self._loop.stop()
 

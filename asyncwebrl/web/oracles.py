@@ -12,8 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from asyncwebrl.web.actions import parse_action
-from asyncwebrl.web.base import Env, Observation, Task
+from asyncwebrl.web.base import Observation
 
 Elements = list[dict[str, Any]]
 
@@ -129,16 +128,3 @@ def oracle_action(task_id: str, obs: Observation) -> str:
     if name not in ORACLES:
         raise KeyError(f"no oracle for '{name}'; oracles exist for: {', '.join(ORACLES)}")
     return ORACLES[name](obs)
-
-
-async def run_oracle_episode(env: Env, task: Task, max_steps: int | None = None) -> tuple[bool, list[tuple[Observation, str]]]:
-    """Play one episode with the oracle through env.step; (success, [(observation, action text)])."""
-    obs = await env.reset(task)
-    demo: list[tuple[Observation, str]] = []
-    for _ in range(max_steps or max(task.max_steps, 8)):
-        text = oracle_action(task.task_id, obs)
-        demo.append((obs, text))
-        obs, res = await env.step(parse_action(text))
-        if res.done:
-            return res.success, demo
-    return False, demo

@@ -108,9 +108,6 @@ def bucket_from_request(names: Sequence[str], dtypes: Sequence[str], shapes: Seq
     return b
 
 
-def split_counts(buckets: Sequence[Bucket]) -> list[int]:
-    return [len(b.slots) for b in buckets]
-
 
 def _numel(shape: Sequence[int]) -> int:
     n = 1

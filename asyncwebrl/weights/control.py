@@ -12,10 +12,10 @@ be missing on a server (HTTP 404: an older SGLang without update sessions) and t
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.server_http import ServerHttp
 from asyncwebrl.weights.group import WeightSyncError
 
@@ -27,23 +27,19 @@ class ControlChannel:
         self.timeout_s = timeout_s
         self.client = ServerHttp(list(servers), api_key=api_key, timeout_s=timeout_s)
         self.servers = self.client.addresses
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="weights-control", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("weights-control")
         self.missing: set[tuple[str, str]] = set()
         """(server, endpoint) pairs that answered 404 once: not asked again"""
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> Any:
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
-            return fut.result(timeout=(timeout_s or self.timeout_s) + 5.0)
+            return self._loop.run(coro, (timeout_s or self.timeout_s) + 5.0)
         except TimeoutError as e:
-            fut.cancel()
             raise WeightSyncError(f"control call still running after {timeout_s or self.timeout_s:.0f}s") from e
 
     def start(self, coro: Coroutine[Any, Any, Any]):
         """Schedule `coro` on the channel's loop; returns a concurrent future."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return self._loop.submit(coro)
 
     async def acall(self, server: str, endpoint: str, body: dict[str, Any] | None = None, *,
                     optional: bool = False, method: str = "POST", timeout_s: float | None = None) -> dict[str, Any] | None:
@@ -75,12 +71,10 @@ class ControlChannel:
         return self.run(self.acall_all(endpoint, body, optional=optional, timeout_s=timeout_s), timeout_s)
 
     def close(self) -> None:
-        if self._loop.is_closed():
+        if self._loop.stopped:
             return
         try:
             self.run(self.client.aclose(), 10.0)
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        self._loop.stop(10)

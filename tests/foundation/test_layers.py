@@ -19,7 +19,7 @@ import asyncwebrl
 ROOT = Path(asyncwebrl.__file__).parent
 
 LAYERS: list[set[str]] = [
-    {"protocol", "net", "httpguard", "configtree", "allocation", "records", "results", "server_http"},
+    {"protocol", "net", "httpguard", "configtree", "allocation", "records", "results", "server_http", "loop_thread"},
     {"models", "pixelstore", "weights"},
     {"web", "inference"},
     {"rollout", "training"},

@@ -1,5 +1,6 @@
 """The rollout-side client against real HTTP servers (in-thread, tiny model): sticky episodes,
-retries then failover, 400s not retried, pause/resume of every server, health."""
+retries then failover, 400s not retried; pause/resume of every server through the refresh bracket's
+control channel; the one health probe."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from asyncwebrl.inference.client import InferenceClient, InferenceUnavailable
 from asyncwebrl.inference.engine import HFEngine
 from asyncwebrl.inference.server import launch_in_thread
-from asyncwebrl.net import free_port
+from asyncwebrl.net import answers_health, free_port
 from asyncwebrl.protocol import ProtocolError
 
 SAMPLING = {"max_new_tokens": 3, "temperature": 1.0, "ignore_eos": True}
@@ -70,8 +71,7 @@ def test_dead_server_is_retried_then_failed_over(servers):
             out = await c.agenerate([5, 6, 7], None, SAMPLING, sticky_key="x")
             assert out.server == servers[0] and c.stats["retries"] == 2 and c.stats["failovers"] == 1
             assert dead not in c.healthy_addresses()
-            health = await c.ahealth(timeout_s=2)
-            assert health == {dead: False, servers[0]: True}
+            assert not answers_health(dead, KEY, timeout_s=2) and answers_health(servers[0], KEY, timeout_s=2)
         finally:
             await c.aclose()
         only_dead = InferenceClient([dead], api_key=KEY, max_retries=1, retry_backoff_s=0.01, timeout_s=5)
@@ -98,23 +98,34 @@ def test_bad_request_is_raised_not_retried(servers):
 
 
 def test_pause_resume_and_version_on_all_servers(servers):
+    from asyncwebrl.weights.control import ControlChannel
+
+    control = ControlChannel(servers, api_key=KEY, timeout_s=60)  # what the refresh bracket calls
+
+    def call_all(endpoint: str, body: dict) -> dict:
+        return control.call_all(endpoint, body)
+
     async def go():
         c = InferenceClient(servers, api_key=KEY)
         try:
-            assert all(r["success"] for r in (await c.apause()).values())
+            answers = await asyncio.to_thread(call_all, "/pause_generation", {"mode": "in_place"})
+            assert set(answers) == set(servers)
             task = asyncio.create_task(c.agenerate([1, 2], None, SAMPLING))
             await asyncio.sleep(0.5)
             assert not task.done()  # paused servers keep the request
-            await c.aupdate_weight_version(4)
-            assert all(r["success"] for r in (await c.aresume()).values())
+            await asyncio.to_thread(call_all, "/update_weight_version", {"new_version": "4"})
+            await asyncio.to_thread(call_all, "/continue_generation", {})
             out = await asyncio.wait_for(task, 60)
             assert out.output_versions == [4] * 3
         finally:
-            await c.aupdate_weight_version(0)
+            await asyncio.to_thread(call_all, "/update_weight_version", {"new_version": "0"})
             await c.aclose()
 
-    run(go())
-    assert InferenceClient(servers, api_key=KEY).health() == {a: True for a in servers}
+    try:
+        run(go())
+    finally:
+        control.close()
+    assert all(answers_health(a, KEY) for a in servers)
 
 
 @pytest.mark.parametrize("status, body, exc, needle", [

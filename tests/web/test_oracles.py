@@ -7,13 +7,24 @@ import asyncio
 
 import pytest
 
-from asyncwebrl.web.base import Task
+from asyncwebrl.web.actions import parse_action
+from asyncwebrl.web.base import Env, Task
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.miniwob import MiniWoBEnv
-from asyncwebrl.web.oracles import ORACLES, run_oracle_episode
+from asyncwebrl.web.oracles import ORACLES, oracle_action
 
 pytestmark = pytest.mark.browser
 SESSIONS = 4
+
+
+async def run_oracle_episode(env: Env, task: Task) -> tuple[bool, int]:
+    """One episode with the oracle's action text through env.step; (success, steps)."""
+    obs = await env.reset(task)
+    for n in range(1, max(task.max_steps, 8) + 1):
+        obs, res = await env.step(parse_action(oracle_action(task.task_id, obs)))
+        if res.done:
+            return res.success, n
+    return False, n
 
 
 async def _success_rates(jobs: list[tuple[str, int]]) -> dict[str, list[bool]]:
@@ -29,7 +40,7 @@ async def _success_rates(jobs: list[tuple[str, int]]) -> dict[str, list[bool]]:
         try:
             while not queue.empty():
                 name, seed = queue.get_nowait()
-                ok, demo = await run_oracle_episode(env, Task(f"miniwob/{name}", seed=seed))
+                ok, _ = await run_oracle_episode(env, Task(f"miniwob/{name}", seed=seed))
                 results.setdefault(name, []).append(ok)
         finally:
             await env.close()
