@@ -19,6 +19,7 @@ BENCHMARKS = {
     "env": ("asyncwebrl.bench.env", "environment steps/s vs a raw Playwright loop"),
     "pixels": ("asyncwebrl.bench.pixels", "PixelStore vs pixels inside trajectories in Ray's object store"),
     "weightsync": ("asyncwebrl.bench.weightsync", "weight refresh vs the raw broadcast floor"),
+    "train": ("asyncwebrl.bench.train", "the trainer at the hardware: tokens/s, MFU and time split of train_step"),
     "e2e": ("asyncwebrl.bench.e2e", "end-to-end async vs sync training throughput"),
     "soak": ("asyncwebrl.bench.soak", "memory over 10,000 MiniWoB episodes"),
     "clip": ("asyncwebrl.bench.clip", "clip rate of decoupled vs coupled PPO at eta = 1, 2, 4 (same batches)"),

@@ -12,6 +12,12 @@ Invariants:
   whole batch;
 - logits are computed only at the positions that predict generated tokens (hidden states are sliced
   before lm_head);
+- a screenshot is decoded and processed once per step (`process_images`), whatever the number of
+  passes; with packing (Qwen2/2.5-VL, `asyncwebrl.training.packing`) a micro-batch is one unpadded row
+  and the frozen vision tower runs once per sample per step;
+- precision: the parameters and AdamW state are `actor.dtype` (fp32 by default) and the compute is
+  bf16 when `actor.mixed_precision` is on (FSDP2 `MixedPrecisionPolicy` across ranks, autocast on one
+  rank); unset, it is on for CUDA and off for CPU (ActorConfig refuses bf16 parameters with AdamW);
 - `version` is the version of the weights this rank holds: a copy, across the trainer's process
   boundary, of the one owner (`weights.version.PolicyVersion`) plus the update it has made and not yet
   seen published. The loop passes the owner's value to every `train_step`, which raises
@@ -20,7 +26,9 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +44,16 @@ from asyncwebrl.net import LOOPBACK
 from asyncwebrl.records import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, ppo_loss_sum
+from asyncwebrl.training.packing import ImageEmbeddingCache, can_pack, enable_packing, image_features, packed_hidden
+from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, micro_batch_loss
 from asyncwebrl.training.samples import (
+    ForwardBatch,
     TrainSample,
     build_forward_batch,
     consumed_pixel_keys,
     fetch_pixels,
     micro_batches,
+    process_images,
     samples_from_groups,
     shard_for_rank,
 )
@@ -65,9 +76,11 @@ class BCStats:
 class PolicyWithLossHead(nn.Module):
     """The HF model, with a forward that returns token logprobs (and entropy) at chosen positions only."""
 
-    def __init__(self, hf: nn.Module, temperature: float | None = 1.0, entropy_grad: bool = False):
+    def __init__(self, hf: nn.Module, temperature: float | None = 1.0, entropy_grad: bool = False,
+                 image_token_id: int | None = None):
         super().__init__()
         self.policy = hf
+        self.image_token_id = image_token_id
         # logprobs of the sampling distribution: the servers report log_softmax(logits / T) (SGLang's
         # convention), so pi_theta and pi_prox must be taken at the same T for the ratios to mean anything
         self.temperature = temperature if temperature and temperature > 0 else 1.0
@@ -75,15 +88,28 @@ class PolicyWithLossHead(nn.Module):
         """set when the loss carries an entropy bonus: the entropy is then differentiable"""
 
     def forward(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor, cols: torch.Tensor,
-                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                targets: torch.Tensor, packed=None, cached_images: list[torch.Tensor | None] | None = None,
+                new_images: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None):
+        """(logp, entropy) at the loss positions; packed (`packed` given): also the image embeddings
+        computed in this pass, one per sample that had none cached (`new_images`: pixel values, grids
+        and images per sample of those samples), for the caller's cache."""
         base = getattr(self.policy, self.policy.base_model_prefix)
-        hidden = base(**inputs, use_cache=False).last_hidden_state
+        new_feats: list[torch.Tensor] = []
+        if packed is not None:
+            if new_images is not None:
+                per_image = iter(image_features(base, new_images[0], new_images[1]))
+                new_feats = [torch.cat([next(per_image) for _ in range(c)]) for c in new_images[2]]
+            fill = iter(new_feats)
+            feats = [c if c is not None else next(fill) for c in (cached_images or [])]
+            hidden = packed_hidden(base, packed, torch.cat(feats) if feats else None, self.image_token_id)
+        else:
+            hidden = base(**inputs, use_cache=False).last_hidden_state
         logits = self.policy.get_output_embeddings()(hidden[rows, cols]).float() / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1).clone()  # FSDP hooks dislike views
         with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+        return logp, entropy, new_feats
 
 
 VISION_PARTS = ("vision_model.", "connector.", "visual.", "vision_tower.", "multi_modal_projector.")
@@ -139,15 +165,32 @@ class FSDPActor:
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.n_frozen = freeze_vision(hf) if cfg.freeze_vision else 0
         self.hf = hf
-        self.module = PolicyWithLossHead(hf, cfg.temperature, entropy_grad=cfg.entropy_coef > 0)
+        self.packing = cfg.packing and cfg.freeze_vision and can_pack(self.adapter, hf)
+        """packed micro-batches (one unpadded row each); needs the frozen vision tower (cached embeddings)"""
+        self.mrope = None
+        if self.packing:
+            from asyncwebrl.models.mrope import MRopeIndex
+
+            enable_packing(hf)
+            self.mrope = MRopeIndex(hf, self.adapter.image_token_id)
+        self.embed_cache = ImageEmbeddingCache()
+        self.mixed_precision = cfg.mixed_precision if cfg.mixed_precision is not None else self.device.type == "cuda"
+        self.module = PolicyWithLossHead(hf, cfg.temperature, entropy_grad=cfg.entropy_coef > 0,
+                                         image_token_id=self.adapter.image_token_id)
         self.autocast = False
+        self.profile = False
+        """set (the benchmark does) to synchronize the device at phase boundaries, so `times` is exact"""
+        self.times: dict[str, float] = {}
+        """seconds per phase of the last train_step: pixel_fetch, image_processing, h2d, forward,
+        backward, optimizer, prox (the pi_prox pass, all of it)"""
+        self._in_prox = False
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             mesh = init_device_mesh(self.device.type, (world_size,))
             mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if cfg.mixed_precision else MixedPrecisionPolicy())
+                  if self.mixed_precision else MixedPrecisionPolicy())
             self.module.to(self.device)
             for layer in _decoder_layers(hf):
                 fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -157,13 +200,12 @@ class FSDPActor:
                 self.module.set_reduce_scatter_unused_params(True)
         else:
             self.module.to(self.device)
-            self.autocast = cfg.mixed_precision
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
-        )
+            self.autocast = self.mixed_precision
+        self.optimizer = self._adamw(cfg.lr)
         self.ppo = PPOParams(
             eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, use_decoupled_loss=cfg.use_decoupled_loss,
             behave_imp_weight_cap=cfg.behave_imp_weight_cap, behave_imp_weight_mode=cfg.behave_imp_weight_mode,
+            entropy_coef=cfg.entropy_coef, entropy_target=cfg.entropy_target,
         )
         self.version = 0
         """the version of the weights held: 0, a checkpoint's, +1 per train_step (checked against the
@@ -190,29 +232,82 @@ class FSDPActor:
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
+    # ---- timing ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Add the wall time of the block to `times[name]` (inside the pi_prox pass, to `prox` only);
+        with `profile` the device is synchronized first and last, so queued GPU work lands in its phase."""
+        if self._in_prox and name != "prox":
+            yield
+            return
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.profile and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
     # ---- forward ----------------------------------------------------------------------------------
-    def _forward(self, samples: list[TrainSample], pixels: list[list[bytes]]):
-        fb = build_forward_batch(self.adapter, samples, pixels)
-        inputs = {k: v.to(self.device) for k, v in fb.inputs.items()}
-        dt = self.hf.dtype
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(dt)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logp, entropy = self.module(inputs, fb.rows.to(self.device), fb.cols.to(self.device),
-                                        fb.targets.to(self.device))
+    def _images(self, samples: list[TrainSample], pixels: list[list[bytes]]) -> dict[int, dict[str, torch.Tensor]]:
+        """Processed image tensors of each sample (by id), once for the whole step."""
+        with self._phase("image_processing"):
+            workers = min(8, os.cpu_count() or 1) if self.device.type == "cuda" else 1
+            done = process_images(self.adapter, samples, pixels, workers)
+        return {id(s): im for s, im in zip(samples, done, strict=True)}
+
+    def _forward(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]]):
+        if self.packing:
+            return self._forward_packed(samples, images)
+        fb = build_forward_batch(self.adapter, samples, images)
+        with self._phase("h2d"):
+            inputs = {k: v.to(self.device, non_blocking=True) for k, v in fb.inputs.items()}
+            if "pixel_values" in inputs:
+                inputs["pixel_values"] = inputs["pixel_values"].to(self.hf.dtype)
+            rows, cols, targets = (t.to(self.device, non_blocking=True) for t in (fb.rows, fb.cols, fb.targets))
+        with self._phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logp, entropy, _ = self.module(inputs, rows, cols, targets)
         return fb, logp, entropy
 
-    def _filler(self) -> tuple[list[TrainSample], list[list[bytes]]]:
+    def _forward_packed(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]]):
+        keys = [id(s) for s in samples]
+        fb: ForwardBatch = build_forward_batch(self.adapter, samples, images, self.mrope, keys)
+        image_keys = fb.packed.image_keys
+        missing = set(self.embed_cache.missing(image_keys))
+        new = None
+        with self._phase("h2d"):
+            packed = fb.packed.to(self.device)
+            rows, cols, targets = (t.to(self.device, non_blocking=True) for t in (fb.rows, fb.cols, fb.targets))
+            if missing:
+                ims = [images[keys.index(k)] for k in image_keys if k in missing]
+                new = (torch.cat([im["pixel_values"] for im in ims]).to(self.device, non_blocking=True),
+                       torch.cat([im["image_grid_thw"] for im in ims]).to(self.device, non_blocking=True),
+                       [int(im["image_grid_thw"].shape[0]) for im in ims])
+        cached = []
+        for k in image_keys:
+            f = self.embed_cache.embeds.get(k)
+            if f is not None and f.is_inference() and not torch.is_inference_mode_enabled():
+                f = self.embed_cache.embeds[k] = f.clone()  # made in the pi_prox pass: usable in autograd now
+            cached.append(f)
+        with self._phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logp, entropy, feats = self.module({}, rows, cols, targets, packed=packed, cached_images=cached,
+                                               new_images=new)
+        for k, f in zip([k for k in image_keys if k in missing], feats, strict=True):
+            self.embed_cache.embeds[k] = f
+        return fb, logp, entropy
+
+    def _filler(self) -> tuple[list[TrainSample], list[dict[str, torch.Tensor]]]:
         pad = self.adapter.tokenizer.pad_token_id
         s = TrainSample(prompt_ids=[pad], output_ids=[pad], behave_logprobs=[0.0], versions=[0], advantage=0.0)
-        return [s], [[]]
+        return [s], [{}]
 
     def _padded(self, mbs: list[list[int]]) -> list[list[int] | None]:
         """Micro-batches of this rank, padded with None (filler passes) to the max count over ranks."""
         n = int(self._all_max([float(len(mbs))])[0])
         return list(mbs) + [None] * (n - len(mbs))
 
-    @torch.no_grad()
     def compute_logprobs(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
                          pixel_store=None) -> list[list[float]]:
         """Logprobs of each sample's output tokens under the current weights (collective across
@@ -222,37 +317,52 @@ class FSDPActor:
             kept, pixels, dropped = fetch_pixels(samples, pixel_store)
             if dropped:
                 raise ValueError(f"{dropped} of {len(samples)} samples have screenshots missing from the store")
-        mbs = self._index_micro_batches(samples)
+        self.embed_cache.clear()
+        try:
+            return self._logprobs(samples, self._images(samples, pixels))
+        finally:
+            self.embed_cache.clear()
+
+    def _logprobs(self, samples: list[TrainSample], images_of: dict[int, dict[str, torch.Tensor]]) -> list[list[float]]:
+        """The pi_prox pass: no autograd at all (inference mode on one rank; no_grad under FSDP, whose
+        unsharded parameters must stay usable by the training passes), and micro-batches of
+        `prox_mb_max_tokens`, larger than the training ones since no activations are kept."""
+        budget = self.cfg.prox_mb_max_tokens or 2 * self.cfg.mb_max_tokens
+        mbs = self._index_micro_batches(samples, budget)
         out: list[list[float] | None] = [None] * len(samples)
         was_training = self.module.training
         self.module.eval()
+        grad_off = torch.no_grad() if self.distributed else torch.inference_mode()
         try:
-            for mb in self._padded(mbs):
-                if mb is None:
-                    self._forward(*self._filler())
-                    continue
-                fb, logp, _ = self._forward([samples[i] for i in mb], [pixels[i] for i in mb])
-                for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample), strict=False):
-                    out[i] = part.tolist()
+            with grad_off:
+                for mb in self._padded(mbs):
+                    if mb is None:
+                        self._forward(*self._filler())
+                        continue
+                    mb_samples = [samples[i] for i in mb]
+                    fb, logp, _ = self._forward(mb_samples, [images_of[id(s)] for s in mb_samples])
+                    for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample), strict=False):
+                        out[i] = part.tolist()
         finally:
             self.module.train(was_training)
         return out  # type: ignore[return-value]
 
-    def _train_passes(self, samples: list[TrainSample], pix_of: dict[int, list[bytes]]):
+    def _train_passes(self, samples: list[TrainSample], images_of: dict[int, dict[str, torch.Tensor]]):
         """Forward passes with gradients over this rank's micro-batches of `samples`, padded to the max
         count over ranks: a filler pass backpropagates a zero loss here, so FSDP's collectives pair up.
         Yields (forward batch, logp, entropy) of each real micro-batch; the caller backpropagates it."""
-        for mb in self._padded(self._index_micro_batches(samples)):
+        for mb in self._padded(self._index_micro_batches(samples, self.cfg.mb_max_tokens)):
             if mb is None:
                 _, logp, _ = self._forward(*self._filler())
-                (logp.sum() * 0.0).backward()
+                with self._phase("backward"):
+                    (logp.sum() * 0.0).backward()
                 continue
             mb_samples = [samples[i] for i in mb]
-            yield self._forward(mb_samples, [pix_of[id(s)] for s in mb_samples])
+            yield self._forward(mb_samples, [images_of[id(s)] for s in mb_samples])
 
-    def _index_micro_batches(self, samples: list[TrainSample]) -> list[list[int]]:
+    def _index_micro_batches(self, samples: list[TrainSample], budget: int) -> list[list[int]]:
         index = {id(s): i for i, s in enumerate(samples)}
-        return [[index[id(s)] for s in mb] for mb in micro_batches(samples, self.cfg.mb_max_tokens)]
+        return [[index[id(s)] for s in mb] for mb in micro_batches(samples, budget, packed=self.packing)]
 
     # ---- the update -------------------------------------------------------------------------------
     def prepare(self, batch: list[RolloutGroup] | list[TrainSample]) -> list[TrainSample]:
@@ -273,15 +383,18 @@ class FSDPActor:
             raise VersionDrift(f"trainer rank {self.rank} holds weights of version {self.version}, but the "
                                f"policy is at version {version}")
         t0 = time.perf_counter()
+        self.times = {}
+        self.embed_cache.clear()
         cfg = self.cfg
         samples = self.prepare(batch)
         n_mini = max(1, cfg.ppo_n_minibatches)
         minis = [samples[j::n_mini] for j in range(n_mini)]
         local = [shard_for_rank(m, self.rank, self.world_size) for m in minis]
         flat = [s for m in local for s in m]
-        kept, pixels, dropped = fetch_pixels(flat, pixel_store)
-        pix_of = {id(s): p for s, p in zip(kept, pixels, strict=False)}
-        local = [[s for s in m if id(s) in pix_of] for m in local]
+        with self._phase("pixel_fetch"):
+            kept, pixels, dropped = fetch_pixels(flat, pixel_store)
+        images_of = self._images(kept, pixels)
+        local = [[s for s in m if id(s) in images_of] for m in local]
         tokens = self._all_sum([float(sum(len(s.output_ids) for s in m)) for m in local] + [float(dropped)])
         mini_tokens, n_dropped = tokens[:-1], int(tokens[-1])
 
@@ -291,7 +404,13 @@ class FSDPActor:
         t_prox = time.perf_counter()
         if need_forward:
             flat = [s for m in local for s in m]
-            for s, lp in zip(flat, self.compute_logprobs(flat, [pix_of[id(s)] for s in flat]), strict=False):
+            with self._phase("prox"):
+                self._in_prox = True
+                try:
+                    logprobs = self._logprobs(flat, images_of)
+                finally:
+                    self._in_prox = False
+            for s, lp in zip(flat, logprobs, strict=False):
                 s.prox_logprobs = lp
         t_prox = time.perf_counter() - t_prox
 
@@ -303,7 +422,7 @@ class FSDPActor:
         self.module.train()
         for j, mini in enumerate(local):
             self.optimizer.zero_grad(set_to_none=True)
-            for fb, logp, entropy in self._train_passes(mini, pix_of):
+            for fb, logp, entropy in self._train_passes(mini, images_of):
                 behave = fb.behave.to(self.device)
                 versions = fb.versions.to(self.device)
                 if not cfg.use_decoupled_loss:
@@ -312,18 +431,18 @@ class FSDPActor:
                     prox = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
                 else:
                     prox = fb.prox.to(self.device)
-                loss, st = ppo_loss_sum(logp, prox, behave, fb.advantages.to(self.device),
-                                        torch.ones_like(behave, dtype=torch.bool), self.ppo, mini_tokens[j])
-                if cfg.entropy_coef > 0:
-                    loss = loss + self._entropy_term(entropy, mini_tokens[j])
+                loss, st = micro_batch_loss(logp, prox, behave, fb.advantages.to(self.device), entropy, self.ppo,
+                                            mini_tokens[j])
                 # FSDP averages gradients over ranks; the loss is a share of the GLOBAL sum, so undo it
-                (loss * self.world_size).backward()
-                st.entropy_sum = float(entropy.detach().sum())
+                with self._phase("backward"):
+                    (loss * self.world_size).backward()
                 if method == "metrics":
                     approx = loglinear_prox(logp, behave, versions, self.version, self.version + j / n_mini)
                     st.prox_err_sum = float((approx - prox).abs().sum())
                 stats.add(st)
-            grad_norms.append(self._clip_and_step())
+            with self._phase("optimizer"):
+                grad_norms.append(self._clip_and_step())
+        self.embed_cache.clear()
         self.version += 1
         self.step += 1
         if free_pixels and pixel_store is not None and self.rank == 0:
@@ -332,15 +451,6 @@ class FSDPActor:
             if keys:
                 pixel_store.free(keys)
         return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
-
-    def _entropy_term(self, entropy: torch.Tensor, global_n_tokens: float) -> torch.Tensor:
-        """The entropy bonus of one micro-batch, on the same global token mean as the PPO term: minus
-        entropy_coef x its share of the mean entropy, or, with entropy_target, only while this
-        micro-batch's own token-mean entropy is below the target (zero above it: no overshoot)."""
-        cfg = self.cfg
-        if cfg.entropy_target is not None and float(entropy.detach().mean()) >= cfg.entropy_target:
-            return entropy.sum() * 0.0
-        return -cfg.entropy_coef * entropy.sum() / max(float(global_n_tokens), 1.0)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of train step `step` (1-based), from the step count alone (ActorConfig.lr_at)."""
@@ -359,8 +469,14 @@ class FSDPActor:
     def new_bc_optimizer(self, lr: float) -> torch.optim.Optimizer:
         """A fresh AdamW over the trainable parameters for the warm start, so RL's own optimizer starts
         with no state from it (betas and weight decay as actor.*)."""
-        return torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=lr,
-                                 betas=tuple(self.cfg.adam_betas), weight_decay=self.cfg.weight_decay)
+        return self._adamw(lr)
+
+    def _adamw(self, lr: float) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters; on CUDA the fused kernel (one launch for all tensors)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        fused = self.device.type == "cuda" and not self.distributed
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(self.cfg.adam_betas), weight_decay=self.cfg.weight_decay,
+                                 **({"fused": True} if fused else {}))
 
     def bc_step(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
                 optimizer: torch.optim.Optimizer | None = None) -> BCStats:
@@ -387,17 +503,19 @@ class FSDPActor:
                 raise ValueError(f"bc_step: {len(samples)} samples but {len(pixels)} pixel lists")
             pos = {id(s): i for i, s in enumerate(samples)}
             kept, pix = local, [pixels[pos[id(s)]] for s in local]
-        pix_of = {id(s): p for s, p in zip(kept, pix, strict=True)}
+        images_of = self._images(kept, pix)
+        self.embed_cache.clear()
         n_tokens = self._all_sum([float(sum(len(s.output_ids) for s in local))])[0]
         opt = optimizer or self.optimizer
         opt.zero_grad(set_to_none=True)
         self.module.train()
         nll_sum = 0.0
-        for _, logp, _ in self._train_passes(local, pix_of):
+        for _, logp, _ in self._train_passes(local, images_of):
             nll = -logp.sum()
             (nll / n_tokens * self.world_size).backward()
             nll_sum += float(nll.detach())
         grad_norm = self._clip_and_step(opt)
+        self.embed_cache.clear()
         nll_sum = self._all_sum([nll_sum])[0]
         return BCStats(nll=nll_sum / n_tokens, n_tokens=int(n_tokens), n_samples=len(samples), grad_norm=grad_norm)
 
@@ -413,6 +531,7 @@ class FSDPActor:
             n_dropped_missing_pixels=float(n_dropped), version=float(self.version),
             time_prox_s=t_prox, time_step_s=time.perf_counter() - t0,
             lr=float(self.optimizer.param_groups[0]["lr"]),
+            **{f"time_{k}_s": v for k, v in self.times.items() if k != "prox"},
         )
         return out
 

@@ -10,6 +10,15 @@ snapshot at the start of this update, constant) and behave = log pi_behave (from
 
 Coupled PPO (`use_decoupled_loss=false`) is the same formula with r_t = exp(logp - behave), w_t = 1.
 
+The optional entropy term (`entropy_coef` c > 0; H_t = entropy of the temperature-scaled policy at the
+position that predicts token t) completes the objective the trainer minimises:
+
+    bonus (entropy_target None):   L_total = L - c * sum_t H_t / N_global
+    floor (entropy_target = H*):   the bonus of a micro-batch counts only while its own token-mean
+                                   entropy is below H* (zero above it: no overshoot)
+
+This module holds every term of the loss: `micro_batch_loss` is what one micro-batch backpropagates.
+
 Invariant: `ppo_loss_sum` returns a SUM over the micro-batch's loss tokens, divided by the global token
 count the caller passes in; adding the values of every micro-batch on every rank gives L exactly, no
 matter how the batch was split. Statistics are returned as sums too (`PPOStats`), so they aggregate the
@@ -52,6 +61,10 @@ class PPOParams:
     """cap of w = pi_prox / pi_behave"""
     behave_imp_weight_mode: str = "mask"
     """mask: tokens with w > cap contribute nothing; clamp: w is clamped to the cap"""
+    entropy_coef: float = 0.0
+    """c of the entropy term (0 = none; the entropy is then a statistic only)"""
+    entropy_target: float | None = None
+    """with entropy_coef > 0: the term acts only on a micro-batch whose token-mean entropy is below this"""
 
 
 @dataclass
@@ -194,4 +207,33 @@ def ppo_loss_sum(
             approx_kl_sum=float(torch.where(m, torch.expm1(log_r) - log_r, torch.zeros_like(log_r)).sum()),
             adv_sum=float(torch.where(m, advantages, torch.zeros_like(advantages)).sum()),
         )
+    return loss, stats
+
+
+def entropy_term_sum(entropy: torch.Tensor, params: PPOParams, global_n_tokens: float) -> torch.Tensor:
+    """This micro-batch's share of the entropy term: -c * sum_t H_t / N_global, or zero while the floor
+    (entropy_target) is met by the micro-batch's token-mean entropy (module doc)."""
+    if params.entropy_coef <= 0:
+        return entropy.sum() * 0.0
+    if params.entropy_target is not None and float(entropy.detach().mean()) >= params.entropy_target:
+        return entropy.sum() * 0.0
+    return -params.entropy_coef * entropy.sum() / max(float(global_n_tokens), 1.0)
+
+
+def micro_batch_loss(
+    logp: torch.Tensor,
+    prox: torch.Tensor,
+    behave: torch.Tensor,
+    advantages: torch.Tensor,
+    entropy: torch.Tensor,
+    params: PPOParams,
+    global_n_tokens: float,
+) -> tuple[torch.Tensor, PPOStats]:
+    """Everything one micro-batch backpropagates: its share of the PPO term plus the entropy term,
+    with the statistics of both (every generated token carries loss)."""
+    loss, stats = ppo_loss_sum(logp, prox, behave, advantages, torch.ones_like(behave, dtype=torch.bool), params,
+                               global_n_tokens)
+    if params.entropy_coef > 0:
+        loss = loss + entropy_term_sum(entropy, params, global_n_tokens)
+    stats.entropy_sum = float(entropy.detach().sum())
     return loss, stats

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncwebrl.models.mrope import MRopeIndex
 from asyncwebrl.models.vlm import VLMAdapter, decode_image
 from asyncwebrl.records import RolloutGroup, TrainSample
 from asyncwebrl.training.advantages import trajectory_advantages
+from asyncwebrl.training.packing import PackedInputs, pack
 
 
 def samples_from_groups(
@@ -55,18 +57,22 @@ def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> li
     return [s for i, s in enumerate(samples) if owner[i] == rank]
 
 
-def micro_batches(samples: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
-    """Consecutive groups whose padded size (n x longest) stays within `max_tokens`; a sample longer
-    than the budget runs alone. Samples are sorted by length first so padding stays small."""
+def micro_batches(samples: list[TrainSample], max_tokens: int, packed: bool = False) -> list[list[TrainSample]]:
+    """Consecutive groups whose size stays within `max_tokens`: padded size (n x longest), or with
+    `packed` the plain token sum (no padding); a sample longer than the budget runs alone. Samples are
+    sorted by length first so padding stays small."""
     ordered = sorted(samples, key=lambda s: s.n_tokens)
     out: list[list[TrainSample]] = []
     cur: list[TrainSample] = []
+    total = 0
     for s in ordered:
         longest = max([s.n_tokens] + [c.n_tokens for c in cur])
-        if cur and longest * (len(cur) + 1) > max_tokens:
+        size = total + s.n_tokens if packed else longest * (len(cur) + 1)
+        if cur and size > max_tokens:
             out.append(cur)
-            cur = []
+            cur, total = [], 0
         cur.append(s)
+        total += s.n_tokens
     if cur:
         out.append(cur)
     return out
@@ -120,19 +126,50 @@ class ForwardBatch:
     advantages: torch.Tensor
     prox: torch.Tensor | None
     n_per_sample: list[int]
+    packed: PackedInputs | None = None
+    """set for a packed micro-batch (`asyncwebrl.training.packing`): `inputs` is then empty, every loss
+    token sits in row 0 and `cols` index the packed sequence"""
 
 
-def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], pixels: list[list[bytes]]) -> ForwardBatch:
-    """Token ids prompt+output, image tensors decoded here (never earlier), and loss-token indices."""
+def process_images(adapter: VLMAdapter, samples: list[TrainSample], pixels: list[list[bytes]],
+                   workers: int = 1) -> list[dict[str, torch.Tensor]]:
+    """The model's image tensors of each sample (decoded and processed here, never earlier): once per
+    sample per step, however many passes the step makes. `workers` > 1 spreads samples over threads
+    (PNG decoding and the processor's array work release the GIL)."""
+    def one(i: int) -> dict[str, torch.Tensor]:
+        pix = pixels[i]
+        if not pix:
+            return adapter.encode_with_images_for_ids(samples[i].prompt_ids, [])
+        return adapter.encode_with_images_for_ids(samples[i].prompt_ids + samples[i].output_ids,
+                                                  [decode_image(p) for p in pix])
+    if workers <= 1 or len(samples) < 2:
+        return [one(i) for i in range(len(samples))]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, range(len(samples))))
+
+
+def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], images: list[dict[str, torch.Tensor]],
+                        mrope: MRopeIndex | None = None, sample_ids: list[int] | None = None) -> ForwardBatch:
+    """Token ids prompt+output, the samples' processed image tensors (`process_images`), and loss-token
+    indices: one right-padded row per sample, or with `mrope` one packed row (`packing.pack`; `sample_ids`
+    name the samples for the image-embedding cache)."""
     seqs = [s.prompt_ids + s.output_ids for s in samples]
-    images = [adapter.encode_with_images_for_ids(seq, [decode_image(p) for p in pix]) if pix else {}
-              for seq, pix in zip(seqs, pixels, strict=False)]
-    inputs = adapter.collate(seqs, images)
+    packed = None
+    if mrope is not None:
+        packed = pack(seqs, images, mrope, sample_ids if sample_ids is not None else list(range(len(samples))))
+        inputs: dict[str, torch.Tensor] = {}
+    else:
+        inputs = adapter.collate(seqs, images)
     rows, cols, targets, behave, versions, advs, prox = [], [], [], [], [], [], []
+    offset = 0
     for i, s in enumerate(samples):
         p, n = len(s.prompt_ids), len(s.output_ids)
-        rows += [i] * n
-        cols += list(range(p - 1, p + n - 1))
+        rows += [0 if packed else i] * n
+        start = offset if packed else 0
+        cols += list(range(start + p - 1, start + p + n - 1))
+        offset += p + n
         targets += s.output_ids
         behave += s.behave_logprobs
         versions += s.versions
@@ -145,5 +182,5 @@ def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], pixels:
         behave=torch.tensor(behave, dtype=torch.float32), versions=torch.tensor(versions),
         advantages=torch.tensor(advs, dtype=torch.float32),
         prox=torch.tensor(prox, dtype=torch.float32) if have_prox else None,
-        n_per_sample=[len(s.output_ids) for s in samples],
+        n_per_sample=[len(s.output_ids) for s in samples], packed=packed,
     )
