@@ -80,6 +80,7 @@ def batch_figures(groups) -> dict[str, Any]:
         "episode_len_mean": steps / n,
         "invalid_rate": sum(t.n_invalid for t in ok) / max(1, steps),
         "no_effect_rate": sum(t.n_no_effect for t in ok) / max(1, steps),
+        "slow_steps": sum(int(t.info.get("n_slow_steps", 0)) for t in trajs),  # failed episodes too
         "generated_tokens": sum(t.n_tokens for t in trajs),
     }
 

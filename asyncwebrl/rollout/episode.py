@@ -60,6 +60,7 @@ async def run_episode(
     taken: list[str] = []  # every pixel reference this episode holds, for cleanup on failure
     gen_s = env_s = 0.0
     n_unchanged = 0
+    n_slow = 0  # steps the page stalled (StepResult.slow): reported even when the episode then fails
     max_prompt = 0
     v0 = int(version_of())
     max_steps = task.max_steps if task.max_steps and task.max_steps > 0 else env_cfg.max_steps
@@ -116,6 +117,7 @@ async def run_episode(
             traj.n_invalid += int(invalid)
             traj.n_no_effect += int(bool(res.no_effect) and not invalid)
             n_unchanged += int(res.screenshot_unchanged)
+            n_slow += int(bool(getattr(res, "slow", False)))
             history.append("" if action is None else short_action(out.text))
             last = res
             if res.done:
@@ -144,7 +146,7 @@ async def run_episode(
     traj.reward = 0.0 if traj.failed else ((1.0 if traj.success else 0.0)
                                            + env_cfg.invalid_action_penalty * traj.n_invalid
                                            + env_cfg.no_effect_penalty * traj.n_no_effect)
-    traj.info.update(n_unchanged=n_unchanged, gen_s=round(gen_s, 4), env_s=round(env_s, 4),
+    traj.info.update(n_unchanged=n_unchanged, n_slow_steps=n_slow, gen_s=round(gen_s, 4), env_s=round(env_s, 4),
                      max_prompt_tokens=max_prompt, start_version=v0)
     return traj
 

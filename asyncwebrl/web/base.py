@@ -3,8 +3,10 @@ web-like env alike), so the loop code path is the same for all of them.
 
 Invariant: `step` never raises for a bad action; it reports `invalid=True` and the episode goes on.
 Environment faults raise `EnvCrashed` (a crashed browser; `EnvDeadline`: a call that missed its
-deadline; `SiteUnreachable`: the page the agent went to cannot be reached); the episode is then
-reported failed and counted, and the environment is replaced.
+deadline or the episode's env budget; `SiteUnreachable`: the page the agent went to cannot be reached),
+whatever the page did (a page error of any other type is wrapped, its cause named); the episode is then
+reported failed and counted, and the environment is replaced. A task that is itself wrong raises
+`TaskError`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ class EnvDeadline(EnvCrashed):
 
 class SiteUnreachable(EnvCrashed):
     """An allowed site did not answer or its name did not resolve: the episode cannot be judged."""
+
+
+class TaskError(ValueError):
+    """The task itself is wrong (its start URL is refused by its own policy, its predicate is not
+    valid JavaScript): not a fault of the page, and not retried as one."""
 
 
 @dataclass
@@ -74,6 +81,10 @@ class StepResult:
     cannot act on its target (e.g. typing into a <select>); `info['error']` says which"""
     blocked: list[BlockedRequest] = field(default_factory=list)
     """connections the network fence refused (or found unreachable) since the previous step"""
+    step_s: float = 0.0
+    """wall seconds this env.step took (action, settle, observation, evaluation)"""
+    slow: bool = False
+    """the step took at least env.slow_step_s: a page that stalls (counted in the run's metrics)"""
     info: dict[str, Any] = field(default_factory=dict)
 
 

@@ -21,13 +21,15 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from asyncwebrl.web.base import EnvCrashed, EnvDeadline
+from asyncwebrl.web.base import EnvCrashed, EnvDeadline, TaskError
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest, NavigationPolicy, NetworkFence, Resolver
 from asyncwebrl.web.observe import RUNTIME_JS
+from asyncwebrl.web.pageread import PageReader
 
 __all__ = ["BlockedRequest", "BrowserPool", "BrowserSession", "NavigationPolicy", "browser_root_pids"]
 
@@ -88,20 +90,59 @@ def fence_target_matches(url: str, blocked: BlockedRequest) -> bool:
 
 async def within_deadline(coro, seconds: float, what: str, session_of: Callable[[], BrowserSession | None]):
     """Await `coro` for at most `seconds`; on a miss the session `session_of()` names then is marked
-    dead (never reused) and `EnvDeadline` says which call missed. Timeouts raised inside the call
-    propagate unchanged."""
+    dead (never reused) and `EnvDeadline` says which call missed. Any other fault that is not an
+    `EnvCrashed` (or a `TaskError`: the task itself is wrong) becomes an `EnvCrashed` naming its cause,
+    and that session is discarded too: whatever a page does, an env call fails only as EnvCrashed."""
     cm = asyncio.timeout(seconds)
     try:
         async with cm:
             return await coro
-    except TimeoutError:
+    except (EnvCrashed, TaskError):
+        raise
+    except TimeoutError as e:
+        _discard(session_of())
         if not cm.expired():
-            raise
-        session = session_of()
-        if session is not None:
-            session.crashed = True
+            raise EnvCrashed(f"{what} failed: a call inside it timed out: {e}") from e
         raise EnvDeadline(f"{what} did not finish within its {seconds:g} s deadline (a page that never "
                           "yields, or a site that never answers); the browser context is discarded") from None
+    except Exception as e:
+        _discard(session_of())
+        raise EnvCrashed(f"{what} failed: {type(e).__name__}: {str(e)[:300]}") from e
+
+
+def _discard(session: BrowserSession | None) -> None:
+    if session is not None:
+        session.crashed = True
+
+
+class EpisodeBudget:
+    """The env wall time of one episode: each reset/step gets min(its own deadline, what is left of
+    `env.episode_timeout_s`), and the time it took is charged. Model time between steps is not env
+    time and is not charged."""
+
+    def __init__(self, cfg: EnvConfig):
+        self.cfg = cfg
+        self.used_s = 0.0
+
+    def start(self) -> None:
+        self.used_s = 0.0
+
+    async def run(self, coro, per_call_s: float, what: str, session_of: Callable[[], BrowserSession | None]):
+        """(the call's result, its wall seconds) under the tighter of both deadlines."""
+        total = self.cfg.episode_timeout_s
+        left = total - self.used_s
+        if left <= 0:
+            coro.close()
+            _discard(session_of())
+            raise EnvDeadline(f"{what}: the episode has used its whole env budget of {total:g} s "
+                              f"(env.episode_timeout_s); a page this slow holds a rollout slot for nothing")
+        if left < per_call_s:
+            what = f"{what} (the last {left:.2f} s of the episode's {total:g} s env budget)"
+        t0 = time.monotonic()
+        try:
+            return await within_deadline(coro, min(per_call_s, left), what, session_of), time.monotonic() - t0
+        finally:
+            self.used_s += time.monotonic() - t0
 
 
 class BrowserSession:
@@ -111,6 +152,8 @@ class BrowserSession:
         self.pool = pool
         self.context = context
         self.page = page
+        self.reader = PageReader(page)
+        """the page's read channels its scripts cannot patch (isolated world, V8-serialized values)"""
         self.generation = generation
         """browser launch number this session lives in (a relaunch invalidates older sessions)"""
         self.gate_port = gate_port

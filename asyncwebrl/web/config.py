@@ -97,9 +97,17 @@ class EnvConfig:
     page stored (cookies, localStorage, IndexedDB, caches) reaches the next episode. >1 reuses the
     context and ITS STORAGE across episodes (faster resets, episodes not isolated)"""
     reset_timeout_s: float = 60.0
-    """deadline of one env.reset (page load included); a miss fails the episode (EnvDeadline)"""
-    step_timeout_s: float = 60.0
-    """deadline of one env.step (action, page settle, observation); a miss fails the episode"""
+    """deadline of one env.reset (page load, and a browser launch on first use, included); a miss fails
+    the episode (EnvDeadline)"""
+    step_timeout_s: float = 10.0
+    """deadline of one env.step (action, page settle, observation); a miss fails the episode. A MiniWoB
+    step takes tens of milliseconds; a page that stalls longer than this is not a task"""
+    episode_timeout_s: float = 120.0
+    """env wall budget of one episode: the sum of its reset and step times (model time not counted).
+    A page that stalls every step just under the step deadline fails the episode (EnvDeadline) once
+    the sum reaches this, instead of holding a rollout slot for max_steps x step_timeout_s"""
+    slow_step_s: float = 2.0
+    """a step that takes at least this long is reported slow (StepResult.slow, the run's slow_steps)"""
     episode_time_limit_s: float = 600.0
     """MiniWoB real-time limit of an episode (the stock 10 s is far too short for slow policies)"""
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
@@ -139,6 +147,10 @@ class EnvConfig:
             raise ValueError("env.recycle_context_every must be >= 1")
         if not (0 < self.reset_timeout_s <= 3600 and 0 < self.step_timeout_s <= 3600):
             raise ValueError("env.reset_timeout_s and env.step_timeout_s must be in (0, 3600] seconds")
+        if not 0 < self.episode_timeout_s <= 36000:
+            raise ValueError("env.episode_timeout_s must be in (0, 36000] seconds")
+        if not 0 < self.slow_step_s:
+            raise ValueError("env.slow_step_s must be > 0")
         if self.episode_time_limit_s <= 0:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:

@@ -181,6 +181,15 @@ class NavigationPolicy:
             return (False, why) if why else (True, "")
         return True, ""
 
+    def may_land(self, url: str) -> tuple[bool, str]:
+        """(allowed, reason) for the main frame to STAY on `url` after a step: `permits`, and not an
+        about: or data: page (GoBack past the start page lands on about:blank, which is no page of the
+        task: the agent would be stranded there with nothing to act on)."""
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        if scheme in ("about", "data"):
+            return False, f"{url[:60]} is not a page of the task ({scheme}: pages are no landing place)"
+        return self.permits(url)
+
     async def decide(self, host: str, port: int, schemes: tuple[str, ...],
                      resolve: Resolver) -> tuple[str | None, BlockedRequest | None]:
         """(address to connect to, None) or (None, why not) for a connection to host:port that one of

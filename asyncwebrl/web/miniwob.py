@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import http.server
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ from typing import Any
 from asyncwebrl.net import LOOPBACK
 from asyncwebrl.web.actions import act
 from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
-from asyncwebrl.web.browser import BrowserPool, BrowserSession, NavigationPolicy, within_deadline
+from asyncwebrl.web.browser import BrowserPool, BrowserSession, EpisodeBudget, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest
-from asyncwebrl.web.observe import MAX_ELEMENTS, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.observe import MAX_ELEMENTS, clean_elements, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.pageread import PageReadError
 
 
 def miniwob_html_dir() -> Path:
@@ -100,11 +100,20 @@ _START_JS = """([seed, maxMs]) => {
   return WOB_TASK_READY;
 }"""
 
-# One round trip per observation, returned as JSON text (cheaper to cross the protocol than objects).
-_STATE_JS = "(maxN) => JSON.stringify({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, " \
-            "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, utterance: core.getUtterance(), " \
-            "ready: WOB_TASK_READY, elements: window.__awr ? window.__awr.elements(maxN) : [], " \
-            "changes: window.__awr ? window.__awr.changes() : -1})"
+
+
+def _state_expression(max_n: int) -> str:
+    """One round trip per observation: the WOB globals (they live in the page's main world) and the
+    element list, read by `PageReader.main_world`: the value is copied out by V8, not by the page's
+    JSON.stringify, so a page that patched JSON (or Boolean, or Array.prototype) cannot bend it."""
+    return ("({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, "
+            "reason: WOB_REWARD_REASON, utterance: core.getUtterance(), ready: WOB_TASK_READY, "
+            f"elements: window.__awr ? window.__awr.elements({int(max_n)}) : [], "
+            "changes: window.__awr ? window.__awr.changes() : -1})")
+
+
+def _number(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
 def task_name(task_id: str) -> str:
@@ -129,6 +138,8 @@ class MiniWoBEnv:
         """fence records from the reset, reported with the first step"""
         self._changes = -1
         """the page's change count at the last observation (see observe.RUNTIME_JS)"""
+        self.budget = EpisodeBudget(self.cfg)
+        """the episode's env wall time (env.episode_timeout_s)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -144,8 +155,10 @@ class MiniWoBEnv:
 
     async def reset(self, task: Task) -> Observation:
         url = self.task_url(task)
-        return await within_deadline(self._reset(task, url), self.cfg.reset_timeout_s,
-                                     f"reset of {task.task_id}", lambda: self.session)
+        self.budget.start()
+        obs, _ = await self.budget.run(self._reset(task, url), self.cfg.reset_timeout_s,
+                                       f"reset of {task.task_id}", lambda: self.session)
+        return obs
 
     async def _reset(self, task: Task, url: str) -> Observation:
         self.session = await self.pool.acquire(self.session, self.cfg)
@@ -178,12 +191,14 @@ class MiniWoBEnv:
 
     async def _observe(self) -> tuple[Observation, dict[str, Any]]:
         page = self.session.page
-        state = json.loads(await page.evaluate(
-            _STATE_JS, MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0))
+        state = await self.session.reader.main_world(
+            _state_expression(MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0), "task state")
+        if not isinstance(state, dict):
+            raise PageReadError(f"the MiniWoB state read back as {str(state)[:100]}")
         png = await take_screenshot(page)
-        self._elements = state["elements"]
-        self._changes = state["changes"]
-        if not state["done"]:
+        self._elements = clean_elements(state.get("elements"))
+        self._changes = state["changes"] if isinstance(state.get("changes"), int) else -1
+        if not state.get("done") and isinstance(state.get("utterance"), str):
             self._instruction = state["utterance"]
         if self.cfg.set_of_marks:
             png = draw_set_of_marks(png, self._elements)
@@ -193,8 +208,10 @@ class MiniWoBEnv:
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.session is None or self.task is None:
             raise RuntimeError("step() before reset()")
-        return await within_deadline(self._step(action), self.cfg.step_timeout_s,
-                                     f"step of {self.task.task_id}", lambda: self.session)
+        (obs, res), seconds = await self.budget.run(self._step(action), self.cfg.step_timeout_s,
+                                                    f"step of {self.task.task_id}", lambda: self.session)
+        res.step_s, res.slow = seconds, seconds >= self.cfg.slow_step_s
+        return obs, res
 
     async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s = self.session
@@ -203,7 +220,11 @@ class MiniWoBEnv:
         info: dict[str, Any] = {}
         executed = False
         try:
-            executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
+            if action is not None and action.get("type") == "go_back" and not self._done:
+                # a MiniWoB task is one page: going back leaves it (to about:blank) and strands the agent
+                executed, info = False, {"error": "a MiniWoB task is a single page: there is nothing to go back to"}
+            else:
+                executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
             if action is not None and not self._done and self.cfg.action_settle_ms > 0:
                 await asyncio.sleep(self.cfg.action_settle_ms / 1000)
             obs, state = await self._observe()
@@ -218,13 +239,13 @@ class MiniWoBEnv:
         blocked, self._pending_blocked = self._pending_blocked + s.take_blocked(), []
         s.take_navigations()
         self.steps += 1
-        done = bool(state["done"]) or was_done
-        raw = float(state["raw"] or 0.0) if done and not was_done else 0.0
+        done = state.get("done") is True or was_done
+        raw = _number(state.get("raw")) if done and not was_done else 0.0
         success = done and raw > 0
         self._done = self._done or done
         self._last_png = obs.screenshot
         no_effect = (executed and not done and action["type"] in ("click", "type", "select", "scroll")
-                     and state["changes"] == prev_changes and obs.url == prev_url and obs.screenshot == prev_png)
+                     and state.get("changes") == prev_changes and obs.url == prev_url and obs.screenshot == prev_png)
         if no_effect:
             info.setdefault("error", "the action changed nothing on the page")
         elif not executed and action is not None and action.get("type") == "type" and "drop-down" in info.get("error", ""):
@@ -233,8 +254,8 @@ class MiniWoBEnv:
             reward=1.0 if success else 0.0, raw_reward=raw, done=done, success=success,
             invalid=not executed, screenshot_unchanged=obs.screenshot == prev_png, blocked=blocked,
             no_effect=no_effect,
-            info={**info, "discounted_reward": float(state["reward"] or 0.0) if done and not was_done else 0.0,
-                  "reason": state.get("reason")},
+            info={**info, "discounted_reward": _number(state.get("reward")) if done and not was_done else 0.0,
+                  "reason": state.get("reason") if isinstance(state.get("reason"), str | None) else None},
         )
         return obs, res
 

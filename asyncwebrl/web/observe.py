@@ -159,10 +159,35 @@ RUNTIME_JS = r"""
 })();
 """
 
-ELEMENTS_CALL = "(n) => JSON.stringify(window.__awr ? [window.__awr.elements(n), window.__awr.changes()] : [[], -1])"
-"""evaluate() expression: the current element list as JSON text (one string crosses the Playwright
-protocol far cheaper than nested objects): [element list, page change count]; empty on pages the
-runtime could not enter"""
+def elements_expression(max_n: int) -> str:
+    """Expression for `PageReader.main_world`: [element list, page change count] of the current page
+    (empty on pages the runtime could not enter). Its value is copied out by V8, never by the page's
+    JSON.stringify; `window.__awr` is a non-writable, non-configurable property set before any page
+    script runs, so a page cannot swap it."""
+    return f"window.__awr ? [window.__awr.elements({int(max_n)}), window.__awr.changes()] : [[], -1]"
+
+
+def clean_elements(value: Any) -> list[dict[str, Any]]:
+    """The element records of a page read, keeping only well-formed ones: the list comes from the page's
+    world, where a page can reach the runtime's cache and bend its records."""
+    if not isinstance(value, list):
+        return []
+
+    def nums(v: Any, n: int) -> bool:
+        return (isinstance(v, list) and len(v) == n
+                and all(isinstance(x, int | float) and not isinstance(x, bool) and abs(x) < 1e6 for x in v))
+
+    out = []
+    for e in value[:MAX_ELEMENTS]:
+        if not (isinstance(e, dict) and isinstance(e.get("id"), int) and isinstance(e.get("role"), str)
+                and isinstance(e.get("name"), str) and nums(e.get("box"), 4)):
+            continue
+        if "point" in e and not nums(e["point"], 2):
+            e = {k: v for k, v in e.items() if k != "point"}
+        if "options" in e and not (isinstance(e["options"], list) and all(isinstance(o, str) for o in e["options"])):
+            continue
+        out.append(e)
+    return out
 
 
 def _element_line(e: dict[str, Any]) -> str:

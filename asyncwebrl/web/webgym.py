@@ -30,23 +30,25 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from asyncwebrl.web.actions import act
-from asyncwebrl.web.base import EnvCrashed, Observation, SiteUnreachable, StepResult, Task
+from asyncwebrl.web.base import EnvCrashed, Observation, SiteUnreachable, StepResult, Task, TaskError
 from asyncwebrl.web.browser import (
     BrowserPool,
     BrowserSession,
+    EpisodeBudget,
     NavigationPolicy,
     fence_target_matches,
-    within_deadline,
 )
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.observe import (
-    ELEMENTS_CALL,
     MAX_ELEMENTS,
+    clean_elements,
     draw_set_of_marks,
     element_by_id,
+    elements_expression,
     take_screenshot,
 )
+from asyncwebrl.web.pageread import PageReadError, predicate_expression
 
 DIFFICULTY_STEPS = {"easy": 10, "medium": 20, "hard": 30}
 EVALUATORS = {
@@ -221,6 +223,8 @@ class WebGymEnv:
         """fence records from the reset, reported with the first step"""
         self._changes = -1
         """the page's change count at the last observation (see observe.RUNTIME_JS)"""
+        self.budget = EpisodeBudget(self.cfg)
+        """the episode's env wall time (env.episode_timeout_s)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -250,14 +254,16 @@ class WebGymEnv:
             raise ValueError(f"task {task.task_id} has no evaluator; load it with load_task_file")
         if task.spec["evaluator"]["type"] == "vlm_judge" and not self.cfg.vlm_judge_url:
             raise ValueError(f"task {task.task_id} needs the VLM judge; set env.vlm_judge_url")
-        return await within_deadline(self._reset(task), self.cfg.reset_timeout_s, f"reset of {task.task_id}",
-                                     lambda: self.session)
+        self.budget.start()
+        obs, _ = await self.budget.run(self._reset(task), self.cfg.reset_timeout_s, f"reset of {task.task_id}",
+                                       lambda: self.session)
+        return obs
 
     async def _reset(self, task: Task) -> Observation:
         start, policy = self.resolve(task)
         ok, why = policy.permits(start)
         if not ok:
-            raise ValueError(f"task {task.task_id}: start URL {start} is refused by its own policy: {why}")
+            raise TaskError(f"task {task.task_id}: start URL {start} is refused by its own policy: {why}")
         self.session = await self.pool.acquire(self.session, self.cfg)
         s = self.session
         s.policy = policy
@@ -275,7 +281,7 @@ class WebGymEnv:
             for b in blocked:
                 if any(fence_target_matches(u, b) for u in navs):
                     if b.kind == "refused":
-                        raise ValueError(f"task {task.task_id}: start URL {start} is refused by the fence: {b.reason}")
+                        raise TaskError(f"task {task.task_id}: start URL {start} is refused by the fence: {b.reason}")
                     raise SiteUnreachable(f"task {task.task_id}: start page {b.target} cannot be reached: {b.reason}")
             if failure is not None:
                 raise failure
@@ -283,7 +289,7 @@ class WebGymEnv:
             s.episodes += 1
             self.task, self._done = task, False
             obs = await self._observe()
-        except (EnvCrashed, ValueError):
+        except (EnvCrashed, TaskError):
             raise
         except Exception as e:
             if not s.alive():
@@ -297,11 +303,18 @@ class WebGymEnv:
         n = MAX_ELEMENTS if self.cfg.element_list or self.cfg.set_of_marks else 0
         for attempt in range(4):
             try:
-                self._elements, self._changes = json.loads(await page.evaluate(ELEMENTS_CALL, n))
+                got = await self.session.reader.main_world(elements_expression(n), "element list")
+                if not (isinstance(got, list) and len(got) == 2 and isinstance(got[1], int)):
+                    raise PageReadError(f"the element list read back as {str(got)[:100]}")
+                self._elements, self._changes = clean_elements(got[0]), got[1]
                 png = await take_screenshot(page)
                 break
-            except Exception as e:
+            except PageReadError as e:
                 # a navigation started by the last action replaced the document under us: let it land
+                if attempt == 3 or not self.session.alive() or e.thrown:
+                    raise
+                await self._wait_loaded()
+            except Exception as e:
                 if attempt == 3 or not self.session.alive() or "navigat" not in str(e).lower():
                     raise
                 await self._wait_loaded()
@@ -331,7 +344,7 @@ class WebGymEnv:
         dead = [b for b in hit if b.kind == "unreachable"]
         if dead:
             raise SiteUnreachable(f"{self.task.task_id}: {dead[0].target} cannot be reached: {dead[0].reason}")
-        ok, why = s.policy.permits(page.url)
+        ok, why = s.policy.may_land(page.url)
         if not hit and ok and not page.url.startswith("chrome-error:"):
             return blocked, False
         info["error"] = f"navigation refused: {hit[0].reason if hit else why or 'error page'}"
@@ -345,8 +358,10 @@ class WebGymEnv:
     async def step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         if self.session is None or self.task is None:
             raise RuntimeError("step() before reset()")
-        return await within_deadline(self._step(action), self.cfg.step_timeout_s, f"step of {self.task.task_id}",
-                                     lambda: self.session)
+        (obs, res), seconds = await self.budget.run(self._step(action), self.cfg.step_timeout_s,
+                                                    f"step of {self.task.task_id}", lambda: self.session)
+        res.step_s, res.slow = seconds, seconds >= self.cfg.slow_step_s
+        return obs, res
 
     async def _step(self, action: dict[str, Any] | None) -> tuple[Observation, StepResult]:
         s, ev = self.session, self.task.spec["evaluator"]
@@ -366,7 +381,7 @@ class WebGymEnv:
                 executed = False  # what the action set off was refused
             if executed and not self._done:
                 success, done = await self._evaluate(ev, action, obs)
-        except (EnvCrashed, ValueError):
+        except (EnvCrashed, TaskError):
             raise
         except Exception as e:
             if not s.alive():
@@ -386,7 +401,7 @@ class WebGymEnv:
                          screenshot_unchanged=obs.screenshot == self._last_png, blocked=blocked,
                          no_effect=no_effect, info=info)
         self._last_png = obs.screenshot
-        if s.policy.permits(obs.url)[0] and not obs.url.startswith("chrome-error:"):
+        if s.policy.may_land(obs.url)[0] and not obs.url.startswith("chrome-error:"):
             self._last_url = obs.url
         return obs, res
 
@@ -416,12 +431,17 @@ class WebGymEnv:
             ok = _url_matches(obs.url, ev)
             return ok, ok or answered
         if etype == "js_predicate":
+            # in a fresh isolated world: the page's own globals and prototypes (Boolean, JSON,
+            # Array.prototype, document.querySelector, ...) are not the ones the predicate sees
             try:
-                ok = bool(await self.session.page.evaluate(f"() => Boolean({ev['script']})"))
-            except Exception as e:
-                if not self.session.alive():
+                ok = await self.session.reader.isolated(predicate_expression(ev["script"]), "js_predicate")
+            except PageReadError as e:
+                if e.thrown == "SyntaxError":
+                    raise TaskError(f"task {self.task.task_id}: js_predicate is not valid JavaScript: {e}") from None
+                if not e.thrown:
                     raise
-                raise ValueError(f"task {self.task.task_id}: js_predicate failed: {e}") from None
+                ok = False  # it threw on this page (an element it reads is not there): not satisfied
+            ok = ok is True
             return ok, ok or answered
         if not answered:
             return False, False
