@@ -6,6 +6,8 @@ Invariants:
   their behaviour logprobs and per-token weight versions (all three aligned), and the PixelStore
   keys of the screenshots in that prompt (in prompt order). A key reused by a later step's window
   is retained once more, so every occurrence in the trajectory is one reference to free.
+- Each screenshot is decoded and base64-encoded once, when it enters the history window; later steps
+  that show it again reuse both (the window keeps them beside its key).
 - In `store` transport no pixels ride in the trajectory; in `object_store` transport they do and
   nothing is put in the store.
 - The loop never raises for a bad model output (invalid step) or a broken environment/server: it
@@ -19,7 +21,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from PIL import Image
 
 from asyncwebrl.models.vlm import decode_image, encode_image_b64
 from asyncwebrl.pixelstore.base import PixelStore
@@ -31,6 +36,21 @@ from asyncwebrl.web.prompt import build_messages, short_action
 log = logging.getLogger(__name__)
 
 PIXEL_TRANSPORTS = ("store", "object_store")
+
+
+@dataclass(frozen=True)
+class Shot:
+    """A screenshot of the history window: its store key (None in object_store transport), the PNG,
+    and what the prompt and the request need of it, each made once."""
+
+    key: str | None
+    png: bytes
+    image: Image.Image
+    b64: str
+
+    @classmethod
+    def of(cls, key: str | None, png: bytes) -> Shot:
+        return cls(key, png, decode_image(png), encode_image_b64(png))
 
 
 async def run_episode(
@@ -55,7 +75,7 @@ async def run_episode(
     traj = Trajectory(traj_id=new_id("t-"), task_id=task.group_key, steps=[], reward=0.0, start_time=time.time())
     use_store = pixel_transport == "store"
     window_k = env_cfg.history_k if env_cfg.use_screenshot else 0
-    window: list[tuple[str | None, bytes]] = []
+    window: list[Shot] = []
     history: list[str] = []
     taken: list[str] = []  # every pixel reference this episode holds, for cleanup on failure
     gen_s = env_s = 0.0
@@ -76,20 +96,21 @@ async def run_episode(
                 key = await asyncio.to_thread(store.put, obs.screenshot) if use_store else None
                 if key is not None:
                     taken.append(key)
-                window = (window + [(key, obs.screenshot)])[-window_k:]
-                reused = [k for k, _ in window[:-1] if k is not None]
+                shot = await asyncio.to_thread(Shot.of, key, obs.screenshot)
+                window = (window + [shot])[-window_k:]
+                reused = [s.key for s in window[:-1] if s.key is not None]
                 if reused:
                     await asyncio.to_thread(store.retain, reused)
                     taken.extend(reused)
             messages = build_messages(obs.instruction, obs.elements, history, len(window), env_cfg)
             text = adapter.chat_text(messages)
-            pngs = [p for _, p in window]
-            enc = await asyncio.to_thread(adapter.encode, text, [decode_image(p) for p in pngs])
+            pngs = [s.png for s in window]
+            enc = await asyncio.to_thread(adapter.encode, text, [s.image for s in window])
             max_prompt = max(max_prompt, len(enc.input_ids))
             t = time.monotonic()
             out = await client.agenerate(
                 enc.input_ids,
-                image_data=[encode_image_b64(p) for p in pngs],
+                image_data=[s.b64 for s in window],
                 sampling=sampling,
                 sticky_key=traj.traj_id,
             )
@@ -106,7 +127,7 @@ async def run_episode(
                 output_ids=ids,
                 behave_logprobs=list(out.output_logprobs),
                 versions=versions,
-                pixel_keys=[k for k, _ in window if k is not None] if use_store else [],
+                pixel_keys=[s.key for s in window if s.key is not None] if use_store else [],
                 pixels=None if use_store else list(pngs),
                 action_text=out.text,
                 action=action,
