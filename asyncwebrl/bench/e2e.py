@@ -140,6 +140,11 @@ class ModeResult:
     """the machine's 1/5/15-minute load average when the run ended (other work on shared cores)"""
     load_avg_start: list[float] = field(default_factory=list)
     """the same when the run started"""
+    decode_tok_s_training: float | None = None
+    """tokens/s the train-rollout servers generated while the trainer ran a train phase (sharing the
+    device or the cores with it); None when no train phase saw generation"""
+    decode_tok_s_trainer_idle: float | None = None
+    """tokens/s they generated while the trainer waited for rollout (the servers alone)"""
 
     @property
     def trajectories_per_s(self) -> float:
@@ -202,16 +207,21 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
     t0 = time.monotonic()
     system = build_system(cfg, run)
     setup_s = time.monotonic() - t0
+    sampler = DecodeSampler(system.server_addresses, system.api_key, run.now)
     try:
         cpu0 = _cpu_times()
         ctl = Controller(cfg, system, run)
+        sampler.start()
         summary = ctl.train()
         cpu_busy = _busy_fraction(cpu0, _cpu_times())
         rstats = system.rollout.stats()
     finally:
+        sampler.stop()
         system.shutdown()
         run.close()
     recs = ctl.history
+    timeline = read_jsonl(run.root / "timeline.jsonl")
+    training, idle = sampler.rates(timeline)
     return ModeResult(
         mode=mode, run_dir=str(run.root), setup_s=setup_s, wall_s=summary.wall_time_s, steps=summary.steps,
         trajectories=summary.trajectories, generated_tokens=sum(r.generated_tokens for r in recs),
@@ -223,10 +233,73 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
         cpu_busy_frac=cpu_busy, failed_episodes=summary.failed_episodes, dropped_stale=summary.dropped_stale,
         staleness_hist={str(k): v for k, v in rstats.staleness_hist.items()},
         success_vs_time=[[round(r.wall_time_s, 2), r.success_rate] for r in recs],
-        timeline=read_jsonl(run.root / "timeline.jsonl"),
+        timeline=timeline, decode_tok_s_training=training, decode_tok_s_trainer_idle=idle,
         pool_full_rate_traj_s=_pool_full_rate(rstats), budget=dataclasses.asdict(budget),
         load_avg=_load_avg(), load_avg_start=load0,
     )
+
+
+class DecodeSampler:
+    """Polls the servers' generated-token counters (/server_info stats) on the run's clock, so decode
+    speed can be split by what the trainer was doing (the cost of sharing a device or the cores)."""
+
+    def __init__(self, addresses: list[str], api_key: str | None, now, period_s: float = 0.5):
+        import threading
+
+        self.addresses, self.api_key, self.now, self.period_s = addresses, api_key, now, period_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="decode-sampler", daemon=True)
+
+    def _tokens(self) -> int | None:
+        import urllib.request
+
+        total = 0
+        for a in self.addresses:
+            req = urllib.request.Request(a + "/server_info")
+            if self.api_key:
+                req.add_header("Authorization", f"Bearer {self.api_key}")
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    total += int(json.loads(r.read()).get("stats", {}).get("generated_tokens", 0))
+            except (OSError, ValueError):
+                return None
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            n = self._tokens()
+            if n is not None:
+                self.samples.append((self.now(), n))
+            self._stop.wait(self.period_s)
+
+    def start(self) -> None:
+        if self.addresses:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def rates(self, timeline: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+        """(tokens/s inside train phases, tokens/s inside rollout_wait phases), each interval between
+        two samples counted where its midpoint falls."""
+        def phase_at(t: float) -> str | None:
+            for rec in timeline:
+                if rec["start"] <= t < rec["end"]:
+                    return rec["phase"]
+            return None
+
+        sums = {"train": [0, 0.0], "rollout_wait": [0, 0.0]}
+        for (t0, n0), (t1, n1) in zip(self.samples, self.samples[1:]):
+            ph = phase_at((t0 + t1) / 2)
+            if ph in sums and t1 > t0:
+                sums[ph][0] += n1 - n0
+                sums[ph][1] += t1 - t0
+        out = [sums[p][0] / sums[p][1] if sums[p][1] > 0 and sums[p][0] > 0 else None
+               for p in ("train", "rollout_wait")]
+        return out[0], out[1]
 
 
 def _load_avg() -> list[float]:
@@ -407,7 +480,16 @@ def main(overrides: list[str] | None = None) -> int:
         "shared_core_note": (
             "on one machine rollout and training share the same cores: overlap removes idle waiting "
             "(browser latency, the long tail, per-round warm-up) but cannot add compute"
-            if int(knobs["gpus"]) == 0 else "rollout and trainer on separate GPUs"),
+            if int(knobs["gpus"]) == 0 else
+            "rollout server and trainer resident on the same GPU(s), both running (shared-device layout)"
+            if "|" in str(knobs["extra"]) else "rollout and trainer on separate GPUs"),
+        "decode_tok_s_while_training": asy.decode_tok_s_training,
+        "decode_tok_s_alone": sync.decode_tok_s_trainer_idle,
+        "decode_share_while_training": (asy.decode_tok_s_training / sync.decode_tok_s_trainer_idle
+                                        if asy.decode_tok_s_training and sync.decode_tok_s_trainer_idle else None),
+        "refresh_s": asy.steady_phase_s("weight_sync"),
+        "trainer_idle_frac": {r.mode: r.trainer_idle_frac for r in results},
+        "rollout_idle_frac": {r.mode: r.rollout_idle_frac for r in results},
         "modes": {r.mode: r.figures() for r in results},
         "load_avg_1min_max": max([x[0] for r in results for x in (r.load_avg_start, r.load_avg) if x], default=None),
     }
@@ -424,7 +506,8 @@ def main(overrides: list[str] | None = None) -> int:
     rows = [{"mode": r.mode, "steady s/step": r.steady_step_s, "traj/s": r.trajectories_per_s,
              "tok/s": r.tokens_per_s, "rollout": r.steady_phase_s("rollout_wait"), "train": r.steady_phase_s("train"),
              "sync": r.steady_phase_s("weight_sync"), "trainer_idle": r.trainer_idle_frac,
-             "rollout_idle": r.rollout_idle_frac, "cpu_busy": r.cpu_busy_frac, "failed": r.failed_episodes}
+             "rollout_idle": r.rollout_idle_frac, "cpu_busy": r.cpu_busy_frac, "failed": r.failed_episodes,
+             "decode_train": r.decode_tok_s_training, "decode_idle": r.decode_tok_s_trainer_idle}
             for r in results]
     print_table(rows, f"e2e async/sync: steady state {e2e.steady_state_speedup:.2f}x, whole run "
                       f"{e2e.whole_run_speedup:.2f}x (ideal overlap bound {e2e.ideal_overlap_bound:.2f}x, "

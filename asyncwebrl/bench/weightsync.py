@@ -10,7 +10,12 @@ For each model size (random-init llama-shaped parameters with HF names), in ONE 
                      barriers over a group of the same shape (trainer + one receiver process per
                      server, each on the server's device), no HTTP: what the link can do;
   per_tensor_floor = the same tensors broadcast one by one between two barriers (the old "floor").
-Headline: ratio_over_floor = refresh / floor for the largest size. With several `bucket_mb` values
+Headline: ratio_over_floor = refresh / floor for the largest size.
+
+`path=same_device` (one GPU, issue 31): the server runs on the trainer's device and the refresh is the
+same-device path (`weights/ipc.py`: flat buckets handed over as CUDA IPC handles, SGLang's
+/update_weights_from_tensor, inside the same bracket); the floor is then ONE device-to-device copy of
+the same bytes on that device (on a CPU: one memory copy), timed in the same run. With several `bucket_mb` values
 (e.g. `bucket_mb=256,512,1024,2048`) every size is refreshed at each; `refresh_s` and `bucket_mb`
 are the fastest one's (the project's default `actor.weight_chunked_mem_mb` is chosen from it) and
 `per_bucket_mb` has them all. `disk=1` also times /update_weights_from_disk
@@ -60,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "tokenizer": "default",
     "pause_mode": "in_place",
     "disk": 0,
+    "path": "broadcast",
     "out": "weightsync",
 }
 
@@ -282,6 +288,81 @@ def _measure(named, model_dir: str, n: int, device: str, backend: str, dtype: st
     return out
 
 
+def copy_floor(nbytes: int, device: str, repeats: int) -> list[float]:
+    """One copy of `nbytes` between two buffers on `device`, synchronized: the same-device floor."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    out = []
+    for i in range(repeats + 1):
+        if src.is_cuda:
+            torch.cuda.synchronize(src.device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if src.is_cuda:
+            torch.cuda.synchronize(src.device)
+        if i:  # the first one pays first-touch
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_mbs: list[float], repeats: int,
+                         timeout_s: float, pause_mode: str) -> dict[str, Any]:
+    """The same-device refresh to one embedded server on the trainer's device, against one copy."""
+    from asyncwebrl.httpguard import new_key
+    from asyncwebrl.inference.engine import params_checksum
+    from asyncwebrl.scheduling.servers import launch_server
+    from asyncwebrl.weights.ipc import SameDeviceSender
+
+    dev = "cuda:0" if device == "cuda" else "cpu"
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    key = new_key()
+    srv, sender, control = None, None, None
+    try:
+        srv = launch_server(model=model_dir, device=dev, dtype=dtype, weight_sync_timeout_s=timeout_s, api_key=key,
+                            weights_roots=[model_dir], startup_timeout=timeout_s)
+        sender = SameDeviceSender(srv.address, key, device=dev, bucket_mb=bucket_mbs[0], timeout_s=timeout_s)
+        sender.init_group()
+        control = ControlChannel([srv.address], key, timeout_s)
+        clock = PolicyVersion()
+        bracket = RefreshBracket(None, control, pause_mode, clock=clock)
+        meta = [(k, t.dtype, tuple(t.shape)) for k, t in named]
+
+        def refresh(mb: float):
+            sender.bucket_bytes = int(mb * 2**20)
+            rep, _ = bracket.refresh(lambda: sender.transfer(iter(named), meta))
+            return rep
+
+        for mb in bucket_mbs:
+            refresh(mb)  # warm-up: buffers allocated, handles opened and cached by the server
+        floors, reps = [], {mb: [] for mb in bucket_mbs}
+        for _ in range(repeats):
+            floors += copy_floor(nbytes, dev, 1)
+            for mb in bucket_mbs:
+                reps[mb].append(refresh(mb))
+        want = params_checksum(named)
+        got = control.run(control.acall(srv.address, "/weights_checksum", None, method="GET"))
+        served = control.run(control.acall(srv.address, "/model_info", None, method="GET")).get("weight_version")
+    finally:
+        if sender is not None:
+            sender.close()
+        if control is not None:
+            control.close()
+        if srv is not None:
+            srv.stop()
+    best = min(bucket_mbs, key=lambda mb: statistics.median(r.total_s for r in reps[mb]))
+    first = reps[best]
+    return {
+        "floor_s": statistics.median(floors), "per_tensor_floor_s": statistics.median(floors),
+        "refresh_s": statistics.median(r.total_s for r in first),
+        **{f"{k}_s": statistics.median(getattr(r, f"{k}_s") for r in first)
+           for k in ("pause", "begin", "transfer", "finish", "resume")},
+        "n_buckets": first[0].n_buckets, "bucket_mb": best,
+        "per_bucket_mb": {str(mb): statistics.median(r.total_s for r in rs) for mb, rs in reps.items()},
+        "bit_exact_server": got["sha256"] == want, "served_version": [served], "expected_version": str(clock.value),
+        "floors": floors, "totals": [r.total_s for r in first],
+    }
+
+
 def _disk(control: ControlChannel, urls: list[str], model_dir: str, device: str, repeats: int,  # noqa: ARG001
           timeout_s: float) -> dict[str, Any]:
     """/update_weights_from_disk on the first server vs a plain safetensors read onto its device."""
@@ -333,9 +414,13 @@ def run(knobs: dict[str, Any], on_size=None) -> dict[str, Any]:
             if device == "cuda":
                 named = [(k, t.to("cuda:0")) for k, t in named]
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
-            m = _measure(named, model_dir, n, device, backend, knobs["dtype"], bucket_mbs, repeats, timeout_s,
-                         external, str(knobs["pause_mode"]), bool(int(knobs["disk"])),
-                         os.environ.get("ASYNCWEBRL_API_KEY") if external else None)
+            if knobs["path"] == "same_device":
+                m = _measure_same_device(named, model_dir, device, knobs["dtype"], bucket_mbs, repeats, timeout_s,
+                                         str(knobs["pause_mode"]))
+            else:
+                m = _measure(named, model_dir, n, device, backend, knobs["dtype"], bucket_mbs, repeats, timeout_s,
+                             external, str(knobs["pause_mode"]), bool(int(knobs["disk"])),
+                             os.environ.get("ASYNCWEBRL_API_KEY") if external else None)
         refresh, floor = m["refresh_s"], m["floor_s"]
         per_size[size] = {
             "params": sum(t.numel() for _, t in named), "bytes": nbytes, "refresh_s": refresh, "floor_s": floor,
@@ -360,11 +445,19 @@ def main(overrides: list[str]) -> int:
     from asyncwebrl.bench.common import parse_overrides
 
     knobs = parse_overrides(overrides, DEFAULTS)
+    if knobs["path"] not in ("broadcast", "same_device"):
+        raise SystemExit(f"path must be broadcast or same_device, got {knobs['path']!r}")
     config = dict(knobs, refresh_target="external servers" if knobs["servers"] else "embedded hf inference servers",
                   refresh_path="weights.bracket.RefreshBracket + weights.sender.WeightSender (the trainer loop's)",
                   floor_target="one flat buffer of the same bytes, broadcast between two barriers to one receiver "
                                "process per server (torch.distributed only, no HTTP)",
                   trainer_ranks=1, model="random-init LlamaForCausalLM of each size")
+    if knobs["path"] == "same_device":
+        config.update(refresh_path="weights.bracket.RefreshBracket + weights.ipc.SameDeviceSender (the trainer "
+                                   "rank's in the shared-device layout): /update_weights_from_tensor with handles",
+                      refresh_target="one embedded hf inference server on the trainer's device",
+                      floor_target="one device-to-device copy of the same bytes on that device (torch copy_, "
+                                   "synchronized), no HTTP")
 
     def record(res: dict[str, Any]) -> None:
         write_result(knobs["out"], config, {"ratio_over_floor": res["ratio_over_floor"], "largest": res["largest"],
@@ -372,6 +465,6 @@ def main(overrides: list[str]) -> int:
                                             "per_size": res["per_size"]})
 
     res = run(knobs, record)
-    print_table(res["rows"], f"ratio_over_floor ({res['largest']}, {knobs['backend']}, "
+    print_table(res["rows"], f"ratio_over_floor ({res['largest']}, {knobs['path']}, {knobs['backend']}, "
                              f"{knobs['n_servers']} server(s)): {res['ratio_over_floor']:.3f}")
     return 0
