@@ -25,10 +25,6 @@ from asyncwebrl.models.prepare import resolve_model_path
 
 __all__ = ["Encoded", "VLMAdapter", "decode_image", "detect_family", "encode_image_b64", "load_model"]
 
-QWEN2VL = "qwen2_vl"
-"""the Qwen2/2.5-VL family's name, kept for training/packing.py, which compares `VLMAdapter.family`;
-new code asks `VLMAdapter.model_family` what the model can do (e.g. `host_positions`) instead"""
-
 
 def decode_image(data: str | bytes | Image.Image) -> Image.Image:
     """A PIL RGB image from raw bytes, base64 text, or a data URI; ValueError when undecodable."""

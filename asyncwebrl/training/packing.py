@@ -29,8 +29,6 @@ from asyncwebrl.models.vlm import VLMAdapter
 
 ATTN_NAME = "awrl_packed"
 """the attention implementation registered with transformers for the language model when packing"""
-PACKABLE_FAMILIES = ("qwen2_vl",)
-"""model families (`VLMAdapter.family`, by name) whose language model takes packed M-RoPE positions"""
 
 
 def _varlen_fn():
@@ -98,10 +96,11 @@ def enable_packing(hf) -> None:
 
 
 def can_pack(adapter: VLMAdapter, hf) -> bool:
-    """Whether this model family has the packed path (Qwen2/2.5-VL with a text model we can drive)."""
+    """Whether this model has the packed path: its family computes the M-RoPE positions of a sample on
+    the host (`ModelFamily.host_positions`: Qwen2/2.5-VL) and its text model can be driven directly."""
     base = getattr(hf, getattr(hf, "base_model_prefix", ""), None)
-    family = getattr(adapter.family, "name", adapter.family)
-    return family in PACKABLE_FAMILIES and hasattr(base, "language_model") and hasattr(base, "get_image_features")
+    return (adapter.model_family.host_positions(hf) is not None and hasattr(base, "language_model")
+            and hasattr(base, "get_image_features"))
 
 
 @dataclass
