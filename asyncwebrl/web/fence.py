@@ -16,12 +16,14 @@ Invariants:
   unreachable allowed target) on the session, where the environment reports it in the step result.
 - Chromium is told to send loopback through the proxy too (`<-loopback>` removes its implicit
   bypass of localhost / 127.0.0.1 / [::1]); the browser-wide proxy (contexts without their own, if
-  any) is a gate that refuses everything.
-- An address is refused unless it is public, or the task names that exact origin by IP literal or
-  `localhost`. Link-local (cloud metadata 169.254.169.254), CGNAT 100.64.0.0/10 (100.100.100.200),
-  192.0.0.0/24, multicast, unspecified and reserved ranges are refused even with `allow_private`;
-  loopback and private ranges pass only with `allow_private`. IPv4 inside IPv6 (mapped, NAT64, 6to4)
-  is judged as the IPv4 address it carries.
+  any), and a context's gate before it is bound, is a gate of no session: it denies by construction
+  (no policy consulted, no name resolved, nothing dialed).
+- An address is judged by `asyncwebrl.web.addresses` (the IANA special-purpose registries of both
+  families, every IPv4-embedding IPv6 form): refused unless public, or the task names that exact
+  origin by IP literal or `localhost`; loopback and private pass only with `allow_private`.
+- Names are looked up on threads of the gate's own `LookupPool` (one per gate and origin class, at
+  most LOOKUPS_PER_CLASS in flight): a lookup that never answers holds only its page's own slot, so
+  no page can starve another episode's lookups.
 
 What it does not cover is listed in docs/fence.md.
 """
@@ -29,41 +31,37 @@ What it does not cover is listed in docs/fence.md.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ipaddress
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from asyncwebrl.loop_thread import LoopThread
+from asyncwebrl.web.addresses import address_refusal
 
-Resolver = Callable[[str], Awaitable[list[str]]]
-"""host name -> IP address strings (raises OSError when the name does not resolve)"""
+__all__ = ["BlockedRequest", "LookupPool", "NavigationPolicy", "NetworkFence", "address_refusal", "system_lookup"]
+
+Resolver = Callable[[str], Awaitable[list[str]]] | Callable[[str], list[str]]
+"""host name -> IP address strings (raises OSError when the name does not resolve). A plain function
+is a blocking resolver, run on the gate's own lookup threads; a coroutine function is awaited on the
+fence's loop (tests)."""
 
 FENCE_HEADER = "X-AsyncWebRL-Fence"
 """header on the fence's own answers: 'refused' (policy) or 'unreachable' (allowed, but no answer)"""
 
 RESOLVE_TIMEOUT_S = 5.0
+LOOKUPS_PER_CLASS = 4
+"""lookups in flight per gate and origin class (the task's named origins; any other name under '*')"""
 CONNECT_TIMEOUT_S = 10.0
 HEAD_TIMEOUT_S = 30.0
 MAX_HEAD_BYTES = 64 * 1024
 
 _ALWAYS_OK_SCHEMES = {"data", "blob", "about"}
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
-
-_NEVER = [ipaddress.ip_network(n) for n in (
-    "0.0.0.0/8", "169.254.0.0/16", "100.64.0.0/10", "192.0.0.0/24", "224.0.0.0/4", "240.0.0.0/4",
-    "255.255.255.255/32", "::/128", "fe80::/10", "ff00::/8", "fd00:ec2::/32",
-)]
-"""refused whatever the task says (link-local and CGNAT hold the cloud metadata services)"""
-_PRIVATE = [ipaddress.ip_network(n) for n in (
-    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7",
-)]
-"""refused unless the task sets allow_private"""
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_6TO4 = ipaddress.ip_network("2002::/16")
-
 
 @dataclass(frozen=True)
 class BlockedRequest:
@@ -75,34 +73,6 @@ class BlockedRequest:
     """refused by the policy, or allowed but the target did not answer / did not resolve"""
     reason: str
     """why, in words"""
-
-
-def _embedded_v4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip in _NAT64:
-            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if ip in _6TO4:
-            return ipaddress.IPv4Address((int(ip) >> 80) & 0xFFFFFFFF)
-    return ip
-
-
-def address_refusal(address: str, allow_private: bool = False) -> str | None:
-    """Why the browser may not connect to `address` (an IP string), or None when it may."""
-    try:
-        ip = _embedded_v4(ipaddress.ip_address(address.strip("[]").split("%", 1)[0]))
-    except ValueError:
-        return f"'{address}' is not an IP address"
-    for net in _NEVER:
-        if ip.version == net.version and ip in net:
-            return f"address {ip} is in {net} (link-local, CGNAT, metadata or reserved)"
-    for net in _PRIVATE:
-        if ip.version == net.version and ip in net:
-            return None if allow_private else f"address {ip} is loopback/private ({net})"
-    if not ip.is_global:
-        return f"address {ip} is not a public address"
-    return None
 
 
 def _is_localhost_name(host: str) -> bool:
@@ -128,10 +98,50 @@ def _origin_parts(origin: str) -> tuple[str, str, int] | None:
     return p.scheme.lower(), p.hostname.lower(), port
 
 
-async def system_resolver(host: str) -> list[str]:
-    """The machine's resolver (getaddrinfo in a thread, so a slow DNS server never stalls the fence)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+def system_lookup(host: str) -> list[str]:
+    """The machine's resolver, blocking (the fence runs it on a `LookupPool` thread)."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(i[4][0]) for i in infos))
+
+
+class LookupPool:
+    """Blocking name lookups on threads of their own, at most `size` at once.
+
+    getaddrinfo cannot be cancelled: a lookup that times out still holds its thread until the resolver
+    gives up. Here that thread is this pool's own and keeps its slot until it really ends, so lookups
+    that never answer exhaust only the pool of the page that made them (further lookups of that pool
+    fail at once as unreachable); no thread shared with another gate or another episode is ever held.
+    Used from the fence's loop only."""
+
+    def __init__(self, lookup: Callable[[str], list[str]], size: int):
+        self.lookup = lookup
+        self.size = size
+        self.in_flight = 0
+
+    async def resolve(self, host: str) -> list[str]:
+        if self.in_flight >= self.size:
+            raise OSError(f"{self.size} earlier lookups of this page are still unanswered")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[str]] = loop.create_future()
+        self.in_flight += 1
+
+        def settle(result: list[str] | None, error: BaseException | None) -> None:
+            self.in_flight -= 1
+            if not fut.done():
+                fut.set_exception(error) if error is not None else fut.set_result(result or [])
+
+        def work() -> None:
+            try:
+                result, error = self.lookup(host), None
+            except BaseException as e:  # handed to the waiting coroutine
+                result, error = None, e
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the fence is closed
+                pass
+
+        threading.Thread(target=work, name="fence-lookup", daemon=True).start()
+        return await asyncio.shield(fut)  # a timeout cancels the wait, never the slot's accounting
 
 
 @dataclass
@@ -207,7 +217,8 @@ class NavigationPolicy:
             try:
                 addresses = await asyncio.wait_for(resolve(host), RESOLVE_TIMEOUT_S)
             except (TimeoutError, OSError, UnicodeError) as e:
-                return None, BlockedRequest(target, "unreachable", f"cannot resolve {host}: {type(e).__name__}")
+                detail = f" ({str(e)[:120]})" if str(e) else ""
+                return None, BlockedRequest(target, "unreachable", f"cannot resolve {host}: {type(e).__name__}{detail}")
             if not addresses:
                 return None, BlockedRequest(target, "unreachable", f"{host} resolves to no address")
         if named and (_is_ip_literal(host) or _is_localhost_name(host)):
@@ -225,13 +236,6 @@ class FencedSession(Protocol):
     policy: NavigationPolicy
 
     def record_blocked(self, item: BlockedRequest) -> None: ...
-
-
-class _DenyAll:
-    policy = NavigationPolicy(["http://0.0.0.0:0"])
-
-    def record_blocked(self, item: BlockedRequest) -> None:
-        pass
 
 
 def _split_hostport(target: str) -> tuple[str, int] | None:
@@ -253,12 +257,15 @@ class NetworkFence:
     stall the browser's network), one gate per browser context."""
 
     def __init__(self, resolver: Resolver | None = None):
-        self.resolver = resolver or system_resolver
+        self.resolver = resolver or system_lookup
+        self._awaited = inspect.iscoroutinefunction(self.resolver)
         self._loop = LoopThread("asyncwebrl-fence")
         self._gates: dict[int, tuple[asyncio.AbstractServer, set[asyncio.StreamWriter]]] = {}
         self._owners: dict[int, FencedSession] = {}
-        """gate port -> the session it serves (read on every connection)"""
-        self.deny_port = self._call(self._open(_DenyAll()))
+        """gate port -> the session it serves (read on every connection); a gate without one denies"""
+        self._lookups: dict[tuple[int, str], LookupPool] = {}
+        """(gate port, origin class) -> that gate's own lookup threads"""
+        self.deny_port = self._call(self._open(None))
         self.closed = False
 
     def _call(self, coro: Awaitable[Any], timeout: float = 10.0) -> Any:
@@ -267,8 +274,7 @@ class NetworkFence:
     async def open_gate(self, session: FencedSession | None = None) -> int:
         """A new gate for `session` (await from any loop; None = refuse everything until `bind_gate`);
         its port goes into the context's proxy setting."""
-        return await asyncio.wrap_future(
-            self._loop.submit(self._open(session or _DenyAll())))
+        return await asyncio.wrap_future(self._loop.submit(self._open(session)))
 
     def bind_gate(self, port: int, session: FencedSession) -> None:
         """Point an open gate at its session (the context needs the port before the session exists)."""
@@ -290,14 +296,18 @@ class NetworkFence:
         finally:
             self._loop.stop(10)
 
-    async def _open(self, session: FencedSession) -> int:
+    async def _open(self, session: FencedSession | None) -> int:
         conns: set[asyncio.StreamWriter] = set()
         port = 0
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conns.add(writer)
             try:
-                await self._serve(self._owners.get(port, _DenyAll()), reader, writer)
+                owner = self._owners.get(port)
+                if owner is None:
+                    await self._deny(reader, writer)
+                else:
+                    await self._serve(owner, reader, writer, port)
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
                 pass
             finally:
@@ -307,12 +317,32 @@ class NetworkFence:
         server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=MAX_HEAD_BYTES)
         port = server.sockets[0].getsockname()[1]
         self._gates[port] = (server, conns)
-        self._owners[port] = session
+        if session is not None:
+            self._owners[port] = session
         return port
+
+    async def _deny(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The gate of no session (the browser-wide proxy; a context's gate before it is bound): it reads
+        the request head and refuses it. No policy is consulted, no name resolved, nothing dialed: it
+        denies by construction, whatever the target says."""
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        await self._answer(writer, "403 Forbidden", "refused", "this gate serves no browser context")
+
+    async def _resolve(self, gate: int, policy: NavigationPolicy, host: str) -> list[str]:
+        if self._awaited:
+            return await self.resolver(host)
+        named = any(h == host for _, h, _ in policy._exact)
+        key = (gate, "named" if named else "any")
+        pool = self._lookups.get(key)
+        if pool is None:
+            pool = self._lookups[key] = LookupPool(self.resolver, LOOKUPS_PER_CLASS)
+        return await pool.resolve(host)
 
     async def _close(self, port: int) -> None:
         server, conns = self._gates.pop(port, (None, set()))
         self._owners.pop(port, None)
+        for key in [k for k in self._lookups if k[0] == port]:
+            del self._lookups[key]  # threads still in a lookup end on their own; nothing waits for them
         if server is None:
             return
         server.close()
@@ -327,9 +357,11 @@ class NetworkFence:
         await writer.drain()
 
     async def _connect(self, session: FencedSession, writer: asyncio.StreamWriter, shown: str, host: str,
-                       port: int, schemes: tuple[str, ...]):
+                       port: int, schemes: tuple[str, ...], gate: int):
         """The upstream streams of an allowed connection, or None after answering the refusal."""
-        address, blocked = await session.policy.decide(host, port, schemes, self.resolver)
+        policy = session.policy
+        address, blocked = await policy.decide(host, port, schemes,
+                                               lambda h: self._resolve(gate, policy, h))
         if blocked is None:
             try:
                 return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
@@ -350,7 +382,7 @@ class NetworkFence:
         return None
 
     async def _serve(self, session: FencedSession, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> None:
+                     writer: asyncio.StreamWriter, gate: int) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
@@ -363,7 +395,7 @@ class NetworkFence:
             if hp is None:
                 await self._answer(writer, "400 Bad Request", "refused", "malformed CONNECT target")
                 return
-            up = await self._connect(session, writer, target, hp[0], hp[1], ("https", "wss", "ws", "http"))
+            up = await self._connect(session, writer, target, hp[0], hp[1], ("https", "wss", "ws", "http"), gate)
             if up is None:
                 return
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -379,7 +411,7 @@ class NetworkFence:
             session.record_blocked(BlockedRequest(target[:300], "refused", "not an absolute http:// URL"))
             await self._answer(writer, "403 Forbidden", "refused", "only http:// and CONNECT go through")
             return
-        up = await self._connect(session, writer, target[:300], u.hostname, port, ("http", "ws"))
+        up = await self._connect(session, writer, target[:300], u.hostname, port, ("http", "ws"), gate)
         if up is None:
             return
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
