@@ -31,6 +31,8 @@ class StepRecord:
     invalid_rate: float
     no_effect_rate: float
     """share of the batch's steps whose valid action changed nothing on the page"""
+    slow_steps: int
+    """steps of the batch's episodes (failed ones too) that took at least env.slow_step_s"""
     generated_tokens: int
     staleness_hist: dict[str, int]
     n_groups: int

@@ -46,4 +46,7 @@ def test_tiny_soak_samples_every_component(tmp_path, monkeypatch):
     # the trainer rank gave the consumed screenshots back: the store ends with the in-flight ones only
     assert 0 < figs["store_bytes_end"] < figs["store_bytes_put"]
     for comp in soak.COMPONENTS:
-        assert figs[comp]["pss_mb_max"] > 5, comp  # the component was found and measured
+        if comp == "pixelstore":  # in the controller process: its figure is the bytes it holds, not a PSS
+            assert figs[comp]["pss_mb_max"] > 0, comp
+        else:
+            assert figs[comp]["pss_mb_max"] > 5, comp  # the process was found and measured
