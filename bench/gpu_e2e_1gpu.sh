@@ -14,12 +14,19 @@
 #   MODES=sync MODE_DIR=.gpu-halves-1gpu   one half per call (copy $OUT/halves back, carry it, then MODES=async)
 #   MODES=none   weightsync only
 # GPUS=0 SHAPE=qwen2.5-vl-tiny WS_SIZE=135M STEPS=2 rehearses the same script on a CPU with the venv.
+# Others may be editing the tree: run it from a snapshot of HEAD (git archive HEAD | tar -x -C .wscache/src),
+# with SCREENS, ASYNCWEBRL_CACHE and WHL pointing back at the carried folders.
 set -x
 OUTD=${1:-$OUT}; GPUS=${2:-1}; SHAPE=${3:-qwen2.5-vl-3b}; STEPS=${STEPS:-12}; WS_SIZE=${WS_SIZE-3B}
 SCREENS=${SCREENS:-.wscache/screens}; SHARE=${SHARE:-0.3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export ASYNCWEBRL_CACHE=${ASYNCWEBRL_CACHE:-$PWD/.wscache/cache} ASYNCWEBRL_BENCH_DIR=$OUTD PYTHONUNBUFFERED=1
 if [ "$GPUS" != 0 ]; then
+  WHL=${WHL:-.whl}
+  if ls $WHL/*.whl >/dev/null 2>&1; then  # wheels carried to a box without a registry (pydantic)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHL/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+  fi
   nvidia-smi -L
   PY=${PY:-python3}; DEV=cuda
 else
@@ -28,11 +35,15 @@ fi
 T0=$(date +%s)
 if [ -n "$WS_SIZE" ]; then
   $PY -m asyncwebrl.cli bench weightsync path=same_device device=$DEV sizes=$WS_SIZE repeats=5 \
-    bucket_mb=${WS_BUCKETS:-1024,4096} out=${WS_OUT:-weightsync_1gpu} || echo "weightsync failed"
+    tokenizer=tiny-qwen2.5-vl bucket_mb=${WS_BUCKETS:-1024,4096} out=${WS_OUT:-weightsync_1gpu} || echo "weightsync failed"
   echo "weightsync done after $(( $(date +%s) - T0 )) s"
 fi
 [ "${MODES:-}" = none ] && exit 0
-$PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE', '/tmp/awrl-model', 'bfloat16')" || exit 1
+if [ ! -f /tmp/awrl-model/.shape-$SHAPE ]; then  # a warm box keeps it from the previous call
+  rm -rf /tmp/awrl-model
+  $PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE', '/tmp/awrl-model', 'bfloat16')" || exit 1
+  touch /tmp/awrl-model/.shape-$SHAPE
+fi
 echo "model ready after $(( $(date +%s) - T0 )) s"
 $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
   batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-1gpu} modes=${MODES:-sync,async} mode_dir=${MODE_DIR:-} \

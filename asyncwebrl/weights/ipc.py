@@ -27,6 +27,7 @@ the transfer (`WeightSyncError`) with the server's message, and the bracket then
 from __future__ import annotations
 
 import base64
+import collections
 import copyreg
 import io
 import pickle
@@ -158,6 +159,7 @@ def _allowed() -> dict[tuple[str, str], Any]:
         ("torch.multiprocessing.reductions", "rebuild_tensor"): red.rebuild_tensor,
         ("torch.multiprocessing.reductions", "rebuild_typed_storage"): red.rebuild_typed_storage,
         ("torch.storage", "UntypedStorage"): torch.storage.UntypedStorage,
+        ("torch.storage", "TypedStorage"): torch.storage.TypedStorage,
         ("torch", "Tensor"): torch.Tensor,
         ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
         ("torch", "Size"): torch.Size,
@@ -196,6 +198,11 @@ def deserialize(data: str | bytes) -> Any:
         raise WeightSyncError(f"serialized_named_tensors could not be read: {type(e).__name__}: {e}") from e
 
 
+_MAPPED: collections.deque = collections.deque(maxlen=2)
+"""the last two flat buckets mapped from a sender: a sender reuses two buffers, and keeping them mapped
+lets the next refresh find them in torch's handle cache instead of opening the CUDA IPC handle again"""
+
+
 def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of one rank's payload: a flattened bucket's views, or a plain list."""
     if load_format == FLATTENED:
@@ -204,6 +211,8 @@ def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torc
         flat, metas = payload["flattened_tensor"], payload["metadata"]
         if not isinstance(flat, torch.Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
             raise WeightSyncError("flattened_tensor must be a 1-D uint8 tensor")
+        if flat.is_cuda:
+            _MAPPED.append(flat)
         out = []
         for m in metas:
             if not isinstance(m, FlatTensorMeta) or not 0 <= m.start_idx <= m.end_idx <= flat.numel():
