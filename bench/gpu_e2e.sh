@@ -4,6 +4,8 @@
 # a random-init Qwen2.5-VL-3B-shaped model, workload=web-shaped: the synthetic env replaying real
 # MiniWoB++ screenshots and Chromium latencies recorded here (bench/data/web_latency.json),
 # heavy-tailed episode lengths, 64 concurrent sessions (batch 8 x n_samples 8), 12 steps per mode.
+# The trainer runs the GPU recipe users run: fp32 master weights and AdamW state, bf16 compute
+# (actor.mixed_precision, the CUDA default), packed micro-batches of 8192 tokens (docs/gpu.md).
 #
 # Prepare on a machine with Chromium (the screenshots) and the tiny models (`make test` prepares them):
 #   asyncwebrl record-screens .wscache/screens --episodes 48 --tasks miniwob-all
@@ -31,7 +33,7 @@ $PY -c "from asyncwebrl.bench.inference import make_random_model as m; m('$SHAPE
 echo "model ready after $(( $(date +%s) - T0 )) s"
 $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
   batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-gpu} modes=${MODES:-sync,async} mode_dir=${MODE_DIR:-} fileroot=${FILEROOT:-/tmp/awrl-runs} \
-  "extra=inference.dtype=bfloat16;actor.dtype=bfloat16;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
+  "extra=inference.dtype=bfloat16;actor.dtype=float32;actor.mixed_precision=true;actor.mb_max_tokens=8192;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
 [ -n "$MODE_DIR" ] && mkdir -p $OUTD/halves && cp $MODE_DIR/*.json $OUTD/halves/
 echo "e2e done after $(( $(date +%s) - T0 )) s"
 # the servers' logs (engine stats, graph capture) next to the result

@@ -50,7 +50,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     # name: model, samples, actor overrides
     "tiny": {"model": "tiny-qwen2.5-vl", "n_samples": 16, "actor": {"mb_max_tokens": 2048}},
     "default": {"model": "default", "n_samples": 8, "actor": {"mb_max_tokens": 2048, "ppo_n_minibatches": 2}},
-    "3b": {"model": "random:qwen2.5-vl-3b", "n_samples": 256, "actor": {"mb_max_tokens": 16384}},
+    "3b": {"model": "random:qwen2.5-vl-3b", "n_samples": 256, "actor": {"mb_max_tokens": 8192}},
 }
 
 WORDS = ("click the button named submit in the dialog then type the name into the field and scroll down to "
@@ -167,7 +167,7 @@ def _model_path(name: str, device: torch.device) -> str:
 
         out = os.path.join(tempfile.gettempdir(), f"awrl-train-{name.split(':', 1)[1]}")
         if not os.path.isfile(os.path.join(out, "config.json")):
-            make_random_model(name.split(":", 1)[1], out, "float32")
+            make_random_model(name.split(":", 1)[1], out, "bfloat16")  # loaded as actor.dtype
         return out
     return name
 

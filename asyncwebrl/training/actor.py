@@ -174,6 +174,11 @@ class FSDPActor:
             enable_packing(hf)
             self.mrope = MRopeIndex(hf, self.adapter.image_token_id)
         self.embed_cache = ImageEmbeddingCache()
+        if self.device.type == "cuda":
+            from asyncwebrl.models.vision_attention import batch_vision_attention
+
+            # one SDPA over all windows of a pass instead of one per window (thousands per step)
+            batch_vision_attention(hf)
         self.mixed_precision = cfg.mixed_precision if cfg.mixed_precision is not None else self.device.type == "cuda"
         self.module = PolicyWithLossHead(hf, cfg.temperature, entropy_grad=cfg.entropy_coef > 0,
                                          image_token_id=self.adapter.image_token_id)

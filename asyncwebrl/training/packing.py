@@ -52,6 +52,10 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, H, D]
+    if v.dtype in (torch.bfloat16, torch.float16) and q.dtype != v.dtype:
+        # under autocast the rotary embedding (fp32 cos/sin of the fp32 residual stream) promotes q and k
+        # back to fp32 while v stays in the compute dtype: attend in the compute dtype, as SDPA would
+        q, k = q.to(v.dtype), k.to(v.dtype)
     n_rep = q.shape[1] // k.shape[1]
     varlen = _varlen_fn()
     if varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
