@@ -9,13 +9,14 @@ The estimate, from the model folder's own tensors (safetensors headers) and its 
 - trainer: parameters in `actor.dtype` (+ a bf16 compute copy with `actor.mixed_precision`),
   gradients and AdamW's two moments of the trainable parameters (the vision tower frozen with
   `actor.freeze_vision`), activations of one micro-batch of `actor.mb_max_tokens` tokens (per token
-  and layer ~ 16 hidden + 6 intermediate values in the compute dtype, a layer's worth with gradient
+  and layer ~ 12 hidden + 4 intermediate values in the compute dtype, a layer's worth with gradient
   checkpointing, plus fp32 logits and their gradient), and the CUDA context;
 - server: weights in `inference.dtype`, the KV cache of `max_batch_size` sequences of
   `max_context_len` tokens (embedded hf backend; SGLang: the share itself), and the CUDA context.
-The trainer's tensors get 8% on top for the caching allocator's fragmentation, calibrated on the
-3B-shaped run of issue 31 (fp32 master weights, bf16 compute, mb_max_tokens 2048): tensors 66.2 GiB,
-estimate 73.0 GiB, measured trainer peak 73 GiB.
+The trainer's tensors get 8% on top for the caching allocator's fragmentation. Calibrated on the
+3B-shaped trainer on one H200 (fp32 master weights, bf16 compute, packed micro-batches;
+bench/results/train_gpu.json and train_gpu_mb12k.json): measured peaks 94.8 GiB at mb_max_tokens 8192
+and 116.7 GiB at 12288, estimates 101.5 and 123.5 GiB (a few GiB on the safe side).
 
 Invariant: a layout that this estimate says cannot fit is refused before any process starts, with
 every number of the estimate in the message and the range of shares that would fit, if one exists.
@@ -169,7 +170,7 @@ def estimate(cfg, device_bytes: int, shape: ModelShape | None = None) -> Footpri
     weights = shape.params * wb + (shape.params * 2 if mixed else 0)
     grads = shape.trainable * wb
     optimizer = 2 * shape.trainable * wb
-    per_token_layer = (16 * shape.hidden + 6 * shape.intermediate) * compute_b
+    per_token_layer = (12 * shape.hidden + 4 * shape.intermediate) * compute_b
     layers_live = 1 if a.gradient_checkpointing else shape.layers
     ckpt_inputs = shape.layers * shape.hidden * compute_b if a.gradient_checkpointing else 0
     acts = a.mb_max_tokens * (layers_live * per_token_layer + ckpt_inputs + shape.vocab * 8)
