@@ -12,10 +12,15 @@ ARGS ?=
 # SGLang release whose own receiving code the weight tests run our sender against (downloaded, never installed)
 SGLANG_VERSION ?= 0.5.23
 SGLANG_WHEEL_DIR ?= $(HOME)/.cache/asyncwebrl/sglang-wheel
+# A second venv with SGLang's pinned torch and its HTTP stack (no sglang install): the weight tests run
+# SGLang's own server code from the wheel in it, so the refresh crosses the two torch versions
+SGLANG_TORCH_SPEC ?= torch==2.14.1
+SGLANG_VENV ?= $(HOME)/.cache/asyncwebrl/sglang-venv
+SGLANG_VENV_STAMP := $(SGLANG_VENV)/.asyncwebrl-$(SGLANG_VERSION)-installed
 
-.PHONY: setup venv browser model sglang-wheel train test lint clean bench
+.PHONY: setup venv browser model sglang-wheel sglang-venv train test lint clean bench
 
-setup: venv browser model sglang-wheel
+setup: venv browser model sglang-wheel sglang-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +43,13 @@ browser:
 sglang-wheel: venv
 	@ls $(SGLANG_WHEEL_DIR)/sglang-$(SGLANG_VERSION)-*.whl >/dev/null 2>&1 || \
 	  $(BIN)/pip download -q --no-deps "sglang==$(SGLANG_VERSION)" -d $(SGLANG_WHEEL_DIR)
+
+$(SGLANG_VENV_STAMP):
+	$(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q "$(SGLANG_TORCH_SPEC)" fastapi msgspec orjson pydantic uvicorn safetensors
+	touch $@
+
+sglang-venv: $(SGLANG_VENV_STAMP)
 
 model: venv
 	$(BIN)/asyncwebrl prepare-model

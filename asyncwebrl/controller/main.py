@@ -179,11 +179,10 @@ class Controller:
             def transfer():
                 return self.sys.trainer.broadcast_weights()
         else:
-            def transfer():
-                path = self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
-                                                        self.cfg.checkpoint.keep_last)
-                bracket.control.call_all("/update_weights_from_disk", {"model_path": path, "abort_all_requests": False},
-                                         timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
+            transfer = bracket.disk_transfer(  # flush_cache false: the bracket flushes, where SGLang can
+                lambda: self.sys.trainer.save_checkpoint(str(self.ckpt_root), self._extra_state(),
+                                                         self.cfg.checkpoint.keep_last),
+                timeout_s=max(600.0, self.cfg.actor.weight_update_timeout_s))
         report, _ = bracket.refresh(transfer, advance)
         return report
 

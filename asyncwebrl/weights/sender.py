@@ -18,7 +18,9 @@ and on NCCL no host synchronisation happens per tensor or per bucket (one at the
 tensors come from an iterator consumed bucket by bucket, so an FSDP trainer gathers one bucket at a
 time, never the whole model. Every call and collective is bounded by `timeout_s`; a refused or dead
 peer raises `WeightSyncError` and marks the group broken (re-init, never broadcast into a half-dead
-group).
+group); the error's `touched` lists the servers that may have loaded some of the new weights (all
+but those that refused their first announcement before loading), for the refresh bracket. `close()`
+destroys the group on every server, broken or not.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ from typing import Any
 import torch
 
 from asyncwebrl.net import LOOPBACK, WILDCARDS
-from asyncwebrl.protocol import InitWeightsUpdateGroupRequest, UpdateWeightsFromDistributedRequest
+from asyncwebrl.protocol import (
+    InitWeightsUpdateGroupRequest,
+    ProtocolError,
+    UpdateWeightsFromDistributedRequest,
+)
 from asyncwebrl.weights.buckets import Bucket, plan_buckets
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, WeightSyncError, join_with_store
@@ -80,6 +86,10 @@ class WeightSender:
         self.group: WeightGroup | None = None
         self.broken = False
         self._bufs: list[torch.Tensor | None] = [None, None]
+        self._confirmed: dict[str, int] = {}
+        """announcements each server confirmed in the transfer in progress"""
+        self._refused: set[str] = set()
+        """servers that refused their first announcement of it without loading anything"""
 
     @property
     def world_size(self) -> int:
@@ -142,8 +152,13 @@ class WeightSender:
         self.broken = False
 
     def _servers_take_bucket_sizes(self) -> bool:
+        ctl, t = self.control, min(30.0, self.timeout_s)
+
+        async def ask() -> list[Any]:  # GET: SGLang's /server_info answers POST with 405
+            return await asyncio.gather(*(ctl.acall(s, "/server_info", None, optional=True, method="GET", timeout_s=t)
+                                          for s in self.servers))
         try:
-            infos = self.control.call_all("/server_info", None, optional=True, timeout_s=min(30.0, self.timeout_s))
+            infos = dict(zip(self.servers, ctl.run(ask(), t), strict=True))
         except WeightSyncError:
             return False
         return all(info is not None and EXTENSION_BUCKET_SIZES in (info.get("weight_update_extensions") or [])
@@ -168,6 +183,8 @@ class WeightSender:
             meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
         buckets = self.plan(meta)
         t0 = time.perf_counter()
+        self._confirmed = dict.fromkeys(self.servers, 0)
+        self._refused = set()
         try:
             if self.announce_once:
                 n_ann = 1
@@ -177,9 +194,12 @@ class WeightSender:
                 self._send_per_bucket(buckets, iter(named))
         except BaseException as e:
             self.broken = True
-            if isinstance(e, WeightSyncError):
+            err = e if isinstance(e, WeightSyncError) else WeightSyncError(
+                f"weight transfer failed: {type(e).__name__}: {e}")
+            err.touched = [s for s in self.servers if self._confirmed.get(s) or s not in self._refused]
+            if err is e:
                 raise
-            raise WeightSyncError(f"weight transfer failed: {type(e).__name__}: {e}") from e
+            raise err from e
         return TransferReport(len(meta), len(buckets), sum(b.nbytes for b in buckets), time.perf_counter() - t0,
                               n_ann)
 
@@ -232,8 +252,19 @@ class WeightSender:
             torch.cuda.current_stream(self.device).synchronize()
 
     async def _announce_each(self, body: dict[str, Any]) -> None:
-        await asyncio.gather(*(self.control.acall(s, "/update_weights_from_distributed", body,
-                                                  timeout_s=self.timeout_s) for s in self.servers))
+        await asyncio.gather(*(self._announce(s, body) for s in self.servers))
+
+    async def _announce(self, server: str, body: dict[str, Any]) -> None:
+        try:
+            await self.control.acall(server, "/update_weights_from_distributed", body, timeout_s=self.timeout_s)
+        except WeightSyncError as e:
+            # a refusal (HTTP 4xx) of the first announcement loaded nothing, unless the server says it
+            # loaded part (SGLang: "partially updated")
+            if (not self._confirmed.get(server) and isinstance(e.__cause__, ProtocolError)
+                    and "partially updated" not in str(e)):
+                self._refused.add(server)
+            raise
+        self._confirmed[server] = self._confirmed.get(server, 0) + 1
 
     def _confirm(self, fut, deadline: float) -> None:
         try:
@@ -286,8 +317,9 @@ class WeightSender:
             raise box["error"]
 
     def close(self) -> None:
-        """Tear the group down on the servers (best effort, bounded) and locally."""
-        if self.group is not None and not self.broken:
+        """Tear the group down on the servers (best effort, bounded; a broken group too: a server that
+        refused a transfer still holds its side of the group) and locally."""
+        if self.group is not None:
             try:
                 self.control.call_all("/destroy_weights_update_group", {"group_name": self.group_name},
                                       timeout_s=min(self.timeout_s, 30.0))
