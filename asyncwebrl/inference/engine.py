@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import threading
@@ -38,6 +39,10 @@ from asyncwebrl.models.vlm import VLMAdapter, decode_image, load_model
 from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
+
+IMAGE_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("image_memo", default=None)
+"""Set by the server around the prepare of one request: prompts of that request with the same images
+and the same image-token count share one decoded and processed copy (a shared image decoded once)."""
 
 
 @dataclass
@@ -223,7 +228,11 @@ class HFEngine:
                                 f"(context length {self.context_len} tokens)")
         images, blobs = [], []
         in_pool = self.image_pool is not None and req.text is None  # decoded and processed in a worker
-        for i, im in enumerate(raw_images):
+        memo, memo_key, cached = IMAGE_MEMO.get(), None, None
+        if memo is not None and raw_images and req.input_ids is not None:
+            memo_key = (tuple(raw_images), sum(1 for t in req.input_ids if t == self.adapter.image_token_id))
+            cached = memo.get(memo_key)
+        for i, im in enumerate(raw_images if cached is None else []):
             try:
                 data = image_bytes(im)
                 w, h = image_size(data)
@@ -247,10 +256,14 @@ class HFEngine:
                 bad = [t for t in ids if t >= self.vocab_size]
                 if bad:
                     raise ProtocolError(f"input_ids hold token id {bad[0]} >= vocab size {self.vocab_size}")
-                if in_pool and blobs:
+                if cached is not None:
+                    img = cached
+                elif in_pool and blobs:
                     img = self.image_pool.images_for_ids(ids, blobs)
                 else:
                     img = self.adapter.encode_with_images_for_ids(ids, images)
+                if memo_key is not None:
+                    memo[memo_key] = img
         except ProtocolError:
             raise
         except ValueError as e:

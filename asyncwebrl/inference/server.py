@@ -42,11 +42,28 @@ from typing import Any
 from aiohttp import web
 
 from asyncwebrl import httpguard, net
-from asyncwebrl.inference.engine import EngineRequest, EngineResult, HFEngine, RequestLimits
+from asyncwebrl.inference.admission import (
+    CostLimits,
+    FairQueue,
+    MemoryBudget,
+    Refused,
+    assess,
+    image_token_counter,
+)
+from asyncwebrl.inference.engine import (
+    IMAGE_MEMO,
+    EngineRequest,
+    EngineResult,
+    HFEngine,
+    RequestLimits,
+    image_bytes,
+    image_size,
+)
 from asyncwebrl.inference.policy import ServerPolicy, policy_from_args
 from asyncwebrl.loop_thread import LoopThread
 from asyncwebrl.net import free_port
 from asyncwebrl.protocol import (
+    IGNORED_FIELDS,
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
@@ -70,8 +87,14 @@ class InferenceServer:
     """HTTP front of one engine (one server per device, tp=1)."""
 
     def __init__(self, engine: HFEngine, *, policy: ServerPolicy | None = None, weight_sync_timeout_s: float = 120.0,
-                 server_args: dict[str, Any] | None = None):
+                 server_args: dict[str, Any] | None = None, limits: CostLimits | None = None):
         self.engine = engine
+        self.limits = limits or CostLimits(max_image_pixels=engine.limits.max_image_pixels)
+        """the cost model of /generate (inference/admission.py)"""
+        self.limits.validate()
+        self.image_budget = MemoryBudget(self.limits.memory_budget_bytes)
+        self.fair = FairQueue(engine.submit, self.limits.engine_window or engine.max_batch_size)
+        self._tokens_for = image_token_counter(engine)
         self.policy = policy or ServerPolicy()
         self.weight_sync_timeout_s = weight_sync_timeout_s
         self.server_args = server_args or {}
@@ -136,6 +159,8 @@ class InferenceServer:
             self.control_events.append(request.path)
         try:
             return await handler(request)
+        except Refused as e:
+            return self._refuse(e.status, str(e))
         except ProtocolError as e:
             return self._refuse(400, str(e))
         except web.HTTPException as e:
@@ -156,7 +181,7 @@ class InferenceServer:
             elif path == "/generate":  # a big body: parsed and bounded in the worker process
                 e = self.engine
                 body = await asyncio.get_running_loop().run_in_executor(
-                    self._parse_pool(), parse_generate_bounded, raw, MAX_BATCH_PROMPTS, e.context_len,
+                    self._parse_pool(), parse_generate_bounded, raw, self.limits.max_prompts, e.context_len,
                     e.limits.max_prompt_chars or 16 * e.context_len)
             else:
                 body = await asyncio.to_thread(parse_json, cls, raw)
@@ -182,37 +207,62 @@ class InferenceServer:
 
     # ---- generation --------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
+        # the cost model first (inference/admission.py): counts, image headers and placeholder counts,
+        # no decoding; then the decoded images' memory is reserved against the server-wide budget
+        cost = await asyncio.to_thread(
+            assess, req, self.limits, image_token_id=self.engine.adapter.image_token_id,
+            tokens_for=self._tokens_for, image_size_of=lambda im: image_size(image_bytes(im)))
+        self.image_budget.reserve(cost.reserve_bytes)
+        try:
+            return await self._generate(req, request)
+        finally:
+            self.image_budget.release(cost.reserve_bytes)
+
+    def _client_of(self, request: web.Request) -> str:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        return request.headers.get("X-Client-Id") or (f"{peer[0]}:{peer[1]}" if peer else "?")
+
+    async def _generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         singles = req.split()
         dones: list[asyncio.Future[EngineResult]] = [loop.create_future() for _ in singles]
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if req.stream else None
 
+        def finished(fut: asyncio.Future[EngineResult], res: EngineResult) -> None:
+            self.fair.done()  # a window slot is free: the next client's prompt goes in
+            if not fut.done():
+                fut.set_result(res)
+
         def on_done_for(fut: asyncio.Future[EngineResult]):
-            return lambda res: loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(res))
+            return lambda res: loop.call_soon_threadsafe(finished, fut, res)
 
         def on_token(r: EngineRequest) -> None:
             snap = {"output_ids": list(r.output_ids), "logprobs": list(r.logprobs), "versions": list(r.versions)}
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
         def prepare_all() -> list[EngineRequest]:  # all or nothing: a bad prompt submits none of the batch
+            memo = IMAGE_MEMO.set({})  # this request only: prompts sharing images share one decoded copy
             out = []
-            for i, (one, fut) in enumerate(zip(singles, dones, strict=True)):
-                try:
-                    out.append(self.engine.prepare(one, on_done_for(fut), on_token if req.stream else None))
-                except ProtocolError as e:
-                    raise ProtocolError(f"prompt {i}: {e}" if req.is_batch else str(e)) from None
+            try:
+                for i, (one, fut) in enumerate(zip(singles, dones, strict=True)):
+                    try:
+                        out.append(self.engine.prepare(one, on_done_for(fut), on_token if req.stream else None))
+                    except ProtocolError as e:
+                        raise ProtocolError(f"prompt {i}: {e}" if req.is_batch else str(e)) from None
+            finally:
+                IMAGE_MEMO.reset(memo)  # the worker thread keeps no image of this request
             return out
 
         ereqs = await self._run(prepare_all)
-        for er in ereqs:
-            self.engine.submit(er)
+        self.fair.push(self._client_of(request), ereqs)  # round-robin over clients into the engine
         try:
             if req.stream:
                 return await self._stream(singles[0], ereqs[0], request, dones[0], updates)
             results = [self._generate_body(one, await fut) for one, fut in zip(singles, dones, strict=True)]
             return web.json_response(results if req.is_batch else results[0])
         except asyncio.CancelledError:  # the client went away: do not keep generating for nobody
-            for er in ereqs:
+            dropped = {id(er) for er in self.fair.drop(ereqs)}
+            for er in [er for er in ereqs if id(er) not in dropped]:
                 await self._run(lambda rid=er.rid: self.engine.abort(rid=rid, message="client disconnected"))
             raise
 
@@ -261,6 +311,7 @@ class InferenceServer:
     async def pause_generation(self, req, request) -> web.Response:
         n = 0
         if req.mode == "abort":
+            self.fair.flush()  # queued prompts are aborted with the rest
             n = await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by pause_generation"))
         await self._run(self.engine.pause)
         return web.json_response(ok(f"paused ({req.mode}); {n} aborted", **self.engine.load_info()))
@@ -274,6 +325,9 @@ class InferenceServer:
         return web.json_response(ok("Cache flushed."))
 
     async def abort_request(self, req, request) -> web.Response:
+        if not req.rid and not req.abort_all:  # SGLang ignores it too (200, nothing aborted)
+            return web.json_response(ok("no rid and no abort_all: nothing aborted", n_aborted=0))
+        self.fair.flush(None if req.abort_all or not req.rid else lambda er: er.rid == req.rid)
         n = await self._run(lambda: self.engine.abort(rid=req.rid or None, abort_all=req.abort_all))
         return web.json_response(ok(f"aborted {n} request(s)", n_aborted=n))
 
@@ -288,6 +342,8 @@ class InferenceServer:
         return web.json_response(ok(f"joined group '{req.group_name}' as rank {req.rank_offset}/{req.world_size}"))
 
     async def begin_weight_update(self, req, request) -> web.Response:
+        if self.weight_session:  # SGLang's scheduler refuses a second session the same way
+            raise ProtocolError("a weight-update session is already open; call end_weight_update() first")
         self.weight_session = True
         return web.json_response(ok("weight update session open"))
 
@@ -389,6 +445,7 @@ class InferenceServer:
 
     async def update_weight_version(self, req, request) -> web.Response:
         if req.abort_all_requests:
+            self.fair.flush()
             await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by update_weight_version"))
         self.engine.weight_version = req.new_version
         return web.json_response(ok(f"weight version is now {req.new_version}", new_version=req.new_version))
@@ -412,6 +469,7 @@ class InferenceServer:
             "context_length": e.context_len,
             "eos_token_ids": sorted(e.eos_ids),
             "n_parameters": sum(p.numel() for p in e.model.parameters()),
+            "ignored_fields": {k: list(v) for k, v in IGNORED_FIELDS.items() if v},
         })
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -430,6 +488,9 @@ class InferenceServer:
             "control_events": list(self.control_events),
             "uptime_s": time.time() - self.started,
             **e.load_info(),
+            "admission": {"image_budget_bytes": self.image_budget.total, "image_reserved_bytes": self.image_budget.reserved,
+                          "image_reserved_peak_bytes": self.image_budget.peak, "refused": self.image_budget.refused,
+                          "queued_prompts": self.fair.pending, "engine_window": self.fair.window},
             "stats": dict(e.stats),
         })
 
@@ -537,7 +598,8 @@ class ThreadServer:
 
 
 def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBACK,
-                     api_key: str | None = None, policy: ServerPolicy | None = None) -> ThreadServer:
+                     api_key: str | None = None, policy: ServerPolicy | None = None,
+                     limits: CostLimits | None = None) -> ThreadServer:
     """Serve an (already started) engine from a background thread; returns once it accepts requests.
     Without a policy: `api_key` guards every endpoint but /health when given, else a fresh key
     guards the control endpoints (`ThreadServer.api_key`)."""
@@ -545,7 +607,7 @@ def launch_in_thread(engine: HFEngine, port: int = 0, *, host: str = net.LOOPBAC
     if policy is None:
         policy = ServerPolicy(api_key=api_key, key_scope="all") if api_key else ServerPolicy()
     loop = LoopThread("hf-server")
-    srv = InferenceServer(engine, policy=policy)
+    srv = InferenceServer(engine, policy=policy, limits=limits)
     runner = web.AppRunner(srv.app(), access_log=None)
 
     async def serve() -> None:
