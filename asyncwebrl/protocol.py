@@ -287,7 +287,20 @@ class GenerateRequest(_Body):
         return out
 
 
-class PauseGenerationRequest(_Body):
+class _SGLangReq(_Body):
+    """A control body shaped as SGLang's request struct (`io_struct.py`, on its `BaseReq`): every field
+    SGLang accepts is accepted, fields the hf backend does not act on are listed in `IGNORED_FIELDS`
+    (and in /model_info), and a field SGLang does not know is ignored, as SGLang's validation ignores
+    it. `tests/weights/test_sglang_structs.py` checks these models against the structs of the wheel."""
+
+    model_config = ConfigDict(extra="ignore")
+    rid: str | None = None
+    """SGLang's request id of a control call (accepted, not used)"""
+    http_worker_ipc: str | None = None
+    """SGLang's internal routing of multi-tokenizer servers (accepted, not used)"""
+
+
+class PauseGenerationRequest(_SGLangReq):
     """Body of POST /pause_generation."""
 
     mode: Literal["in_place", "retract", "abort"] = "abort"
@@ -299,22 +312,40 @@ class EmptyRequest(_Body):
     """Body of endpoints that take no parameters (/continue_generation, /flush_cache)."""
 
 
-class AbortRequest(_Body):
-    """Body of POST /abort_request."""
+class ContinueGenerationRequest(_SGLangReq):
+    """Body of POST /continue_generation."""
 
-    rid: str = ""
-    """request id to abort"""
+    torch_empty_cache: bool = True
+    """accepted for compatibility (SGLang empties torch's CUDA cache before continuing)"""
+
+
+class FlushCacheRequest(_SGLangReq):
+    """Body of POST /flush_cache (SGLang reads none: its timeout is a query parameter)."""
+
+    timeout_s: float | None = None
+    """accepted for compatibility"""
+
+
+class EndWeightUpdateRequest(_SGLangReq):
+    """Body of POST /end_weight_update."""
+
+
+class AbortRequest(_SGLangReq):
+    """Body of POST /abort_request. Neither `rid` nor `abort_all`: nothing is aborted (SGLang: 200)."""
+
+    rid: str | None = None
+    """request id to abort (every request whose id starts with it)"""
     abort_all: bool = False
     """abort every queued and running request"""
+    finished_reason: dict[str, Any] | None = None
+    """accepted for compatibility"""
+    abort_message: str | None = None
+    """accepted for compatibility"""
+    weight_versions: Any = None
+    """accepted for compatibility"""
 
-    @model_validator(mode="after")
-    def _check(self) -> AbortRequest:
-        if not self.rid and not self.abort_all:
-            raise ValueError("give 'rid' or 'abort_all': true")
-        return self
 
-
-class InitWeightsUpdateGroupRequest(_Body):
+class InitWeightsUpdateGroupRequest(_SGLangReq):
     """Body of POST /init_weights_update_group."""
 
     master_address: str
@@ -345,7 +376,7 @@ def _version_str(v: Any) -> Any:
     return None if v is None else str(v)
 
 
-class UpdateWeightsFromDistributedRequest(_Body):
+class UpdateWeightsFromDistributedRequest(_SGLangReq):
     """Body of POST /update_weights_from_distributed (inside a /begin_weight_update session)."""
 
     names: list[str]
@@ -424,21 +455,21 @@ class UpdateWeightsFromTensorRequest(_Body):
         return self
 
 
-class BeginWeightUpdateRequest(_Body):
+class BeginWeightUpdateRequest(_SGLangReq):
     """Body of POST /begin_weight_update (opens the update session SGLang 0.5.x requires)."""
 
     selector: Literal["target", "draft", "all"] = "all"
     """accepted for compatibility (no draft model here)"""
 
 
-class DestroyWeightsUpdateGroupRequest(_Body):
+class DestroyWeightsUpdateGroupRequest(_SGLangReq):
     """Body of POST /destroy_weights_update_group."""
 
     group_name: str = "weight_update_group"
     """the group to tear down"""
 
 
-class UpdateWeightsFromDiskRequest(_Body):
+class UpdateWeightsFromDiskRequest(_SGLangReq):
     """Body of POST /update_weights_from_disk."""
 
     model_path: str
@@ -449,6 +480,20 @@ class UpdateWeightsFromDiskRequest(_Body):
     """end in-flight requests with finish_reason abort instead of pausing them"""
     load_format: str | None = None
     """accepted for compatibility; must be null"""
+    flush_cache: bool = True
+    """drop cached prefixes afterwards (the hf engine keeps none beyond running requests' own KV)"""
+    is_async: bool = False
+    """accepted for compatibility"""
+    torch_empty_cache: bool = False
+    """accepted for compatibility"""
+    keep_pause: bool = False
+    """accepted for compatibility"""
+    recapture_cuda_graph: bool = False
+    """accepted for compatibility"""
+    token_step: int = 0
+    """accepted for compatibility"""
+    manifest: dict[str, Any] | None = None
+    """accepted for compatibility"""
 
     _v = field_validator("weight_version")(classmethod(lambda cls, v: _version_str(v)))
 
@@ -459,13 +504,13 @@ class UpdateWeightsFromDiskRequest(_Body):
         return self
 
 
-class UpdateWeightVersionRequest(_Body):
+class UpdateWeightVersionRequest(_SGLangReq):
     """Body of POST /update_weight_version."""
 
     new_version: str | int
     """the version to report from now on"""
-    abort_all_requests: bool = False
-    """end in-flight requests with finish_reason abort"""
+    abort_all_requests: bool = True
+    """end in-flight requests with finish_reason abort (SGLang's default: send false to keep them)"""
 
     _v = field_validator("new_version")(classmethod(lambda cls, v: _version_str(v)))
 
@@ -473,8 +518,8 @@ class UpdateWeightVersionRequest(_Body):
 REQUEST_TYPES: dict[str, type[_Body]] = {
     "/generate": GenerateRequest,
     "/pause_generation": PauseGenerationRequest,
-    "/continue_generation": EmptyRequest,
-    "/flush_cache": EmptyRequest,
+    "/continue_generation": ContinueGenerationRequest,
+    "/flush_cache": FlushCacheRequest,
     "/abort_request": AbortRequest,
     "/init_weights_update_group": InitWeightsUpdateGroupRequest,
     "/update_weights_from_distributed": UpdateWeightsFromDistributedRequest,
@@ -483,8 +528,16 @@ REQUEST_TYPES: dict[str, type[_Body]] = {
     "/update_weights_from_disk": UpdateWeightsFromDiskRequest,
     "/update_weight_version": UpdateWeightVersionRequest,
     "/begin_weight_update": BeginWeightUpdateRequest,
-    "/end_weight_update": EmptyRequest,
+    "/end_weight_update": EndWeightUpdateRequest,
 }
+
+IGNORED_FIELDS: dict[str, tuple[str, ...]] = {
+    path: tuple(f for f in ("rid", "http_worker_ipc", "torch_empty_cache", "timeout_s", "selector", "finished_reason",
+                            "abort_message", "weight_versions", "is_async", "keep_pause", "recapture_cuda_graph",
+                            "token_step", "manifest") if f in cls.model_fields and (f, path) != ("rid", "/abort_request"))
+    for path, cls in REQUEST_TYPES.items() if issubclass(cls, _SGLangReq)
+}
+"""SGLang's request fields the hf backend accepts and does not act on, per route (shown in /model_info)"""
 
 
 # ---- parsing -------------------------------------------------------------------------------------
