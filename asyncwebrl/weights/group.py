@@ -3,8 +3,9 @@
 The ONE constructor both sides use (`join_group`). Its rendezvous is laid out exactly as SGLang's
 `init_custom_process_group` lays it out when a server answers `/init_weights_update_group`, so
 our trainer forms a group with real SGLang servers and our embedded server with any SGLang-style
-trainer. The layout (SGLang 0.5.x on torch 2.x; `tests/weights/test_sglang_rendezvous.py` runs
-SGLang's own function against this one so the two cannot drift):
+trainer. The layout (SGLang 0.5.x on torch 2.x; `tests/weights/test_sglang_receiver.py` runs SGLang
+0.5.23's own `init_custom_process_group` on its pinned torch 2.14.1 against this one on ours, 2.13.0,
+so neither the two codes nor the two torch versions can drift apart unnoticed):
 
   TCPStore at master_address:master_port (rank 0 hosts it, the others are clients)
     -> PrefixStore(group_name)            SGLang's own prefix
