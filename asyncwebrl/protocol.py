@@ -190,6 +190,11 @@ class GenerateRequest(_Body):
     """request id (for /abort_request); generated when absent; a batch takes a list or a prefix"""
     stream: bool = False
     """server-sent events with the cumulative output, ending with 'data: [DONE]' (single prompts)"""
+    extra_key: str | list[str] | None = None
+    """SGLang's prefix-cache namespace: a prefix cached under one key is never reused under another. The
+    client sends `cache_key_of(version)` of the weights an episode started under, so after an in-place
+    refresh no new episode reuses KV computed by older weights (SGLang cannot flush while requests are
+    held). The hf backend keeps no prefix cache across requests: accepted, nothing to scope"""
     # SGLang fields accepted at their neutral value only
     log_metrics: bool = True
     return_hidden_states: bool = False
@@ -683,12 +688,18 @@ class GenerationOutput:
     """how many times the request came back aborted and was resubmitted"""
 
 
+def cache_key_of(version: int) -> str:
+    """The prefix-cache namespace (`extra_key`) of requests made under weight version `version`."""
+    return f"weights-v{int(version)}"
+
+
 def build_generate_payload(
     input_ids: list[int],
     image_data: list[str | bytes] | None,
     sampling: dict[str, Any],
     rid: str | None = None,
     return_logprob: bool = True,
+    cache_key: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of /generate the client sends; checked against GenerateRequest before sending."""
     images = None
@@ -703,6 +714,8 @@ def build_generate_payload(
         body["image_data"] = images
     if rid is not None:
         body["rid"] = rid
+    if cache_key is not None:
+        body["extra_key"] = cache_key
     parse_request(GenerateRequest, body)  # fail on the client side, with the same message
     return body
 

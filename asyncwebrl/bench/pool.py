@@ -78,7 +78,8 @@ class GenerationStandin:
         self.version = version
         self.rng = random.Random(seed)
 
-    async def agenerate(self, input_ids, image_data=None, sampling=None, sticky_key=None, rid=None) -> StandinOutput:
+    async def agenerate(self, input_ids, image_data=None, sampling=None, sticky_key=None, rid=None,
+                        cache_key=None) -> StandinOutput:
         t0 = time.perf_counter()
         tail = self.tok.decode(input_ids[-160:], skip_special_tokens=True)
         user = tail.rsplit("Task:", 1)[-1]

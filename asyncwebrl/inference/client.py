@@ -137,8 +137,12 @@ class InferenceClient(ServerHttp):
         sampling: dict[str, Any],
         sticky_key: str | None = None,
         rid: str | None = None,
+        cache_key: str | None = None,
     ) -> GenerationOutput:
-        """Generate until stop/length, resubmitting after aborts; see the module docstring."""
+        """Generate until stop/length, resubmitting after aborts; see the module docstring.
+
+        cache_key: the server's prefix-cache namespace for this request (SGLang's `extra_key`; see
+        `protocol.cache_key_of`); the resubmissions of an interrupted request keep it."""
         t0 = time.perf_counter()
         rid = rid or uuid.uuid4().hex
         budget = int(sampling.get("max_new_tokens", 128))
@@ -154,7 +158,7 @@ class InferenceClient(ServerHttp):
             if min_new:
                 sp["min_new_tokens"] = max(0, min_new - len(out_ids))
             payload = build_generate_payload(list(input_ids) + out_ids, image_data, sp,
-                                             rid=f"{rid}-{n_resubmits}", return_logprob=True)
+                                             rid=f"{rid}-{n_resubmits}", return_logprob=True, cache_key=cache_key)
             addr, resp = await self._call_with_failover("/generate", payload, sticky_key)
             ids, lps, vers, reason = _parse_generate_response(resp)
             out_ids += ids

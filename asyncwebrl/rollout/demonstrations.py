@@ -89,7 +89,7 @@ class ScriptedPolicy:
     def __init__(self, adapter: Any, choose: Callable[[], str], version: int = 0):
         self.adapter, self.choose, self.version = adapter, choose, version
 
-    async def agenerate(self, input_ids, image_data=None, sampling=None, sticky_key=None, rid=None):
+    async def agenerate(self, input_ids, image_data=None, sampling=None, sticky_key=None, rid=None, cache_key=None):
         text = self.choose()
         ids = self.adapter.assistant_turn_ids(text)
         return GenerationOutput(output_ids=ids, output_logprobs=[0.0] * len(ids),

@@ -28,6 +28,7 @@ from PIL import Image
 
 from asyncwebrl.models.vlm import decode_image, encode_image_b64
 from asyncwebrl.pixelstore.base import PixelStore
+from asyncwebrl.protocol import cache_key_of
 from asyncwebrl.records import StepSample, Trajectory, new_id
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.base import EnvCrashed, Task
@@ -113,6 +114,7 @@ async def run_episode(
                 image_data=[s.b64 for s in window],
                 sampling=sampling,
                 sticky_key=traj.traj_id,
+                cache_key=cache_key_of(v0),  # never a prefix cached by weights older than the episode's
             )
             gen_s += time.monotonic() - t
             ids = list(out.output_ids)

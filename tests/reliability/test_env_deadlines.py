@@ -27,7 +27,7 @@ class FixedReplies:
     def __init__(self, adapter, text: str):
         self.adapter, self.text = adapter, text
 
-    async def agenerate(self, input_ids, image_data, sampling, sticky_key=None, rid=None):
+    async def agenerate(self, input_ids, image_data, sampling, sticky_key=None, rid=None, cache_key=None):
         ids = self.adapter.tokenizer(self.text, add_special_tokens=False)["input_ids"]
         return GenerationOutput(output_ids=ids, output_logprobs=[-0.5] * len(ids), output_versions=[1] * len(ids),
                                 text=self.text, finish_reason="stop", prompt_tokens=len(input_ids),

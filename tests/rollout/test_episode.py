@@ -63,9 +63,10 @@ class ScriptedClient:
         self.calls: list[dict] = []
         self.released: list[str] = []
 
-    async def agenerate(self, input_ids, image_data, sampling, sticky_key=None, rid=None):
+    async def agenerate(self, input_ids, image_data, sampling, sticky_key=None, rid=None, cache_key=None):
         prompt = self.adapter.tokenizer.decode(input_ids)
-        self.calls.append(dict(input_ids=list(input_ids), image_data=image_data, sticky_key=sticky_key, prompt=prompt))
+        self.calls.append(dict(input_ids=list(input_ids), image_data=image_data, sticky_key=sticky_key, prompt=prompt,
+                               cache_key=cache_key))
         text = self.policy(prompt)
         ids = self.adapter.tokenizer(text, add_special_tokens=False)["input_ids"]
         return GenerationOutput(output_ids=ids, output_logprobs=[-0.5] * len(ids),
@@ -134,6 +135,28 @@ def test_multistep_object_store_transport_and_history(loop, adapter):
     assert [len(s.pixels) for s in traj.steps] == [1, 2]  # sliding window of the last 2 screenshots
     assert traj.steps[1].pixels[0] == traj.steps[0].pixels[0]
     assert "Done so far: type [" in client.calls[1]["prompt"]
+
+
+def test_requests_never_share_a_prefix_cache_with_older_weights(loop, adapter):
+    """SGLang cannot flush its prefix cache while an in-place refresh holds requests, so each request
+    names the weights its episode started under (`extra_key`): an episode keeps its namespace across
+    a refresh, and an episode that starts after it never reuses KV cached under the older weights."""
+    from asyncwebrl.protocol import cache_key_of
+
+    cfg = EnvConfig(history_k=1)
+    version = {"v": 4}
+
+    def policy(prompt):
+        version["v"] = 5  # a refresh lands while the episode runs
+        return oracle_from_prompt("enter-text")(prompt)
+
+    client = ScriptedClient(adapter, policy)
+    task = Task("miniwob/enter-text", seed=9, max_steps=4)
+    first = play_one(loop, cfg, task, client, adapter, InProcessPixelStore("t"), lambda: version["v"])
+    n = len(client.calls)
+    second = play_one(loop, cfg, task, client, adapter, InProcessPixelStore("t"), lambda: version["v"])
+    assert first.success and second.success and n == 2
+    assert [c["cache_key"] for c in client.calls] == [cache_key_of(4)] * 2 + [cache_key_of(5)] * 2
 
 
 def test_shared_window_keys_are_refcounted(loop, adapter):

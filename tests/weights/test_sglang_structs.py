@@ -155,3 +155,20 @@ def test_embedded_server_answers_what_sglang_answers(server):
     assert info["weight_version"] == "7"
     assert {"is_async", "keep_pause", "torch_empty_cache"} <= set(info["ignored_fields"]["/update_weights_from_disk"])
     assert "torch_empty_cache" in info["ignored_fields"]["/continue_generation"]
+
+
+def _dataclass_fields(src: str, name: str) -> set[str]:
+    cls = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef) and n.name == name)
+    return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def test_every_field_our_client_sends_to_generate_is_one_sglang_reads(sglang_src):
+    """Our rollout's /generate body, with every option the client uses (the prefix-cache namespace
+    included), names only fields of SGLang's GenerateReqInput: a real SGLang server acts on each."""
+    from asyncwebrl.protocol import build_generate_payload, cache_key_of
+
+    body = build_generate_payload([1, 2, 3], [b"\x89PNG"], {"max_new_tokens": 4, "temperature": 1.0}, rid="r-0",
+                                  return_logprob=True, cache_key=cache_key_of(7))
+    fields = _dataclass_fields(sglang_src["managers/io_struct.py"], "GenerateReqInput")
+    assert "extra_key" in fields and body["extra_key"] == "weights-v7"
+    assert set(body) <= fields, set(body) - fields
