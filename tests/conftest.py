@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -12,6 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tests never write the committed results: anything a test (or a subprocess it starts) would write to
 # bench/results goes to a throw-away folder instead. Set before asyncwebrl.bench.common is imported.
 os.environ["ASYNCWEBRL_BENCH_DIR"] = tempfile.mkdtemp(prefix="awrl-test-results-")
+atexit.register(shutil.rmtree, os.environ["ASYNCWEBRL_BENCH_DIR"], ignore_errors=True)
 
 # Property tests draw the same examples on every `make test` (CI included), so a submission passes or
 # fails on its own code, not on the draw: a fresh draw in CI once found a config key ('[') the loader
