@@ -20,7 +20,7 @@
 # with SCREENS, ASYNCWEBRL_CACHE and WHL pointing back at the carried folders.
 set -x
 OUTD=${1:-$OUT}; GPUS=${2:-1}; SHAPE=${3:-qwen2.5-vl-3b}; STEPS=${STEPS:-12}; WS_SIZE=${WS_SIZE-3B}
-SCREENS=${SCREENS:-.wscache/screens}; SHARE=${SHARE:-0.2}
+SCREENS=${SCREENS:-.wscache/screens}; SHARE=${SHARE:-0.15}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export ASYNCWEBRL_CACHE=${ASYNCWEBRL_CACHE:-$PWD/.wscache/cache} ASYNCWEBRL_BENCH_DIR=$OUTD PYTHONUNBUFFERED=1
 if [ "$GPUS" != 0 ]; then
@@ -50,7 +50,7 @@ echo "model ready after $(( $(date +%s) - T0 )) s"
 $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
   batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-1gpu} modes=${MODES:-sync,async} mode_dir=${MODE_DIR:-} \
   fileroot=${FILEROOT:-/tmp/awrl-runs} \
-  "extra=allocation_mode=hf[rollout]:d1|fsdp[actor]:d1;inference.mem_fraction_static=$SHARE;inference.dtype=bfloat16;actor.dtype=float32;actor.mixed_precision=true;actor.mb_max_tokens=8192;env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
+  "extra=allocation_mode=hf[rollout]:d1|fsdp[actor]:d1;inference.mem_fraction_static=$SHARE;inference.dtype=bfloat16;actor.dtype=float32;actor.mixed_precision=true;actor.mb_max_tokens=${MB:-4096};env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
 [ -n "$MODE_DIR" ] && mkdir -p $OUTD/halves && cp $MODE_DIR/*.json $OUTD/halves/
 echo "e2e done after $(( $(date +%s) - T0 )) s"
 tail -n 30 ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/logs/*.log > $OUTD/servers.log 2>/dev/null
