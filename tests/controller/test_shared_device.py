@@ -90,6 +90,6 @@ def test_layout_that_cannot_fit_is_refused_before_start_with_the_estimate():
         assert part in msg, (part, msg)
     # a share that leaves the trainer too little: refused, and the message says which shares fit
     with pytest.raises(ConfigError, match=r"set inference.mem_fraction_static between 0\.\d\d and 0\.\d\d"):
-        load_run_config(None, base + ["cluster.device_memory_gb=8", "inference.mem_fraction_static=0.9"])
-    ok = load_run_config(None, base + ["cluster.device_memory_gb=8", "inference.mem_fraction_static=0.4"])
+        load_run_config(None, base + ["cluster.device_memory_gb=16", "inference.mem_fraction_static=0.95"])
+    ok = load_run_config(None, base + ["cluster.device_memory_gb=16", "inference.mem_fraction_static=0.4"])
     assert ok.inference.mem_fraction_static == 0.4
