@@ -37,7 +37,8 @@ fi
 T0=$(date +%s)
 if [ -n "$WS_SIZE" ]; then
   $PY -m asyncwebrl.cli bench weightsync path=same_device device=$DEV sizes=$WS_SIZE repeats=${WS_REPEATS:-3} \
-    tokenizer=tiny-qwen2.5-vl bucket_mb=${WS_BUCKETS:-1024,4096} out=${WS_OUT:-weightsync_1gpu} || echo "weightsync failed"
+    tokenizer=tiny-qwen2.5-vl bucket_mb=${WS_BUCKETS:-1024,4096} out=${WS_OUT:-weightsync_1gpu} > $OUTD/weightsync.log 2>&1 \
+    || { echo "weightsync failed"; tail -n 40 $OUTD/weightsync.log; }
   echo "weightsync done after $(( $(date +%s) - T0 )) s"
 fi
 [ "${MODES:-}" = none ] && exit 0
