@@ -14,6 +14,13 @@ The budget keeps the trainer whole and lets rollout fill the cores' idle time:
   run at a lower priority (`niceness`), so the scheduler hands them the cores whenever the trainer
   waits (Python between kernels, pixel decoding, the weight refresh) and takes them back at once.
 
+Two defaults worked against this and are undone here: Ray starts every worker process at niceness 15
+(its `worker_niceness`), the trainer rank included, below the driver; and Chromium, when it runs as
+root, raises its own browser and GPU-process threads to niceness -8 and 0 (seen here: the trainer at
+15, the browser's main threads at -8). A private Ray instance starts its workers at 0
+(`ray_scheduler.init_ray`), and a rollout thread drops CAP_SYS_NICE from its capability bounding set,
+so nothing it starts can raise itself above the trainer.
+
 Invariant: a budget never changes what is computed, only who gets a core first; every number can be
 overridden (actor.cpu_threads, inference.cpu_threads, scheduler.rollout_niceness). With GPUs the
 roles do not share cores' work in this way and the budget leaves everything as the config says.
@@ -85,6 +92,25 @@ def lower_priority(niceness: int, whole_process: bool) -> None:
                 pass
     except (OSError, AttributeError) as e:
         log.warning("could not lower the priority of rollout to niceness %d: %r", niceness, e)
+    _drop_cap_sys_nice()
+
+
+PR_CAPBSET_DROP, CAP_SYS_NICE = 24, 23
+
+
+def _drop_cap_sys_nice() -> None:
+    """Programs this thread starts from now on cannot raise their priority (Chromium does, as root).
+    A no-op where the thread may not change its capabilities (an ordinary user: nothing to drop)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class NicedEnvFactory:

@@ -65,10 +65,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, auth_token
     else:
         # Ray 2.60 gives its raylet a fixed 30 s to register; on a loaded machine that can pass, and a
         # fresh attempt then succeeds: try up to three times before giving up
+        # Ray starts workers at niceness 15 by default, the trainer rank below the browsers it shares
+        # the cores with; the roles set their own priorities (scheduling/budget.py)
+        system_config = {"worker_niceness": 0, **kwargs.pop("_system_config", {})}
         for attempt in range(3):
             try:
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                         runtime_env=env, log_to_driver=True, **kwargs)
+                         runtime_env=env, log_to_driver=True, _system_config=system_config, **kwargs)
                 break
             except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
                 if "timed out during startup" not in str(e) or attempt == 2:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 
 from asyncwebrl.config import load_run_config
@@ -45,3 +46,18 @@ def test_lowered_thread_and_what_it_starts_run_below_the_trainer():
     t.join()
     assert seen == {"child": 7, "thread": 7}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the trainer's thread keeps its priority
+
+
+def test_what_a_rollout_thread_starts_cannot_raise_its_priority():
+    """Chromium raises its own threads to niceness -8 when it may (as root): not from a rollout thread."""
+    seen = {}
+
+    def rollout_thread():
+        lower_priority(5, whole_process=False)
+        probe = "import os\ntry:\n    os.setpriority(os.PRIO_PROCESS, 0, -5)\n    print('raised')\nexcept OSError:\n    print('refused')"
+        seen["out"] = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
+
+    t = threading.Thread(target=rollout_thread)
+    t.start()
+    t.join()
+    assert seen["out"] == "refused"
