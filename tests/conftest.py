@@ -19,7 +19,7 @@ atexit.register(shutil.rmtree, os.environ["ASYNCWEBRL_BENCH_DIR"], ignore_errors
 # Property tests draw the same examples on every `make test` (CI included), so a submission passes or
 # fails on its own code, not on the draw: a fresh draw in CI once found a config key ('[') the loader
 # crashed on, and failed an unrelated change. To explore new examples (and find such bugs before CI):
-#   HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest tests/reliability tests/web/test_actions.py
+#   HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest tests/inference/test_bad_input.py tests/foundation/test_config_fuzz.py tests/web
 settings.register_profile("repeatable", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
