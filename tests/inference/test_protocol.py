@@ -84,6 +84,7 @@ def test_every_post_endpoint_has_a_schema_that_accepts_its_minimal_body():
         "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
                                        "world_size": 2},
         "/update_weights_from_distributed": {"names": [], "dtypes": [], "shapes": []},
+        "/update_weights_from_tensor": {"serialized_named_tensors": ["eA=="]},
         "/update_weights_from_disk": {"model_path": "/x"},
         "/update_weight_version": {"new_version": "3"},
     }
