@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from asyncwebrl.bench.common import parse_overrides, print_table
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.results import write_result
 
 H200_BF16_DENSE_TFLOPS = 989.0
@@ -115,7 +116,8 @@ class TrainBenchResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def web_shaped_samples(adapter, n: int, out_len: int, seed: int = 0, store=None) -> list:
+def web_shaped_samples(adapter, n: int, out_len: int, seed: int = 0,
+                       store: PixelStore | None = None) -> list:
     """n web-shaped samples (module docstring); screenshots put into `store` (keys) or inline."""
     from asyncwebrl.bench.inference import screenshot_png
     from asyncwebrl.models.vlm import decode_image
@@ -218,9 +220,11 @@ def run_shape(name: str, knobs: dict[str, Any], device: torch.device, matmul_tfl
     n_nonemb = sum(p.numel() for _, p in trainable if p is not emb)
     first = next(p for k, p in trainable if p.dim() == 2 and p is not emb)
 
+    adapter = actor.adapter
+
     def batch(seed: int) -> list:
         # fresh samples (and store references) per step: a step consumes its batch
-        return web_shaped_samples(actor.adapter, n, int(knobs["out_len"]), seed=seed, store=store)
+        return web_shaped_samples(adapter, n, int(knobs["out_len"]), seed=seed, store=store)
 
     actor.train_step(batch(0), pixel_store=store)  # warm-up: allocator, kernels
     steps, metrics, before, best = [], {}, None, []

@@ -41,10 +41,17 @@ from torch import nn
 from asyncwebrl.models.prepare import resolve_model_path
 from asyncwebrl.models.vlm import VLMAdapter, load_model
 from asyncwebrl.net import LOOPBACK
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.records import RolloutGroup
 from asyncwebrl.training import checkpoint as ckpt
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.packing import ImageEmbeddingCache, can_pack, enable_packing, image_features, packed_hidden
+from asyncwebrl.training.packing import (
+    ImageEmbeddingCache,
+    can_pack,
+    enable_packing,
+    image_features,
+    packed_hidden,
+)
 from asyncwebrl.training.ppo import PPOParams, PPOStats, loglinear_prox, micro_batch_loss
 from asyncwebrl.training.samples import (
     ForwardBatch,
@@ -314,7 +321,7 @@ class FSDPActor:
         return list(mbs) + [None] * (n - len(mbs))
 
     def compute_logprobs(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
-                         pixel_store=None) -> list[list[float]]:
+                         pixel_store: PixelStore | None = None) -> list[list[float]]:
         """Logprobs of each sample's output tokens under the current weights (collective across
         ranks: every rank must call it, with its own samples). Pixels: given, inline in the samples,
         or fetched from `pixel_store`; a sample whose pixels are missing is a ValueError here."""
@@ -377,7 +384,7 @@ class FSDPActor:
             return samples_from_groups(batch, c.group_adv_norm, c.adv_std_norm, c.step_normalizer, c.step_normalizer_k)
         return list(batch)  # type: ignore[arg-type]
 
-    def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store=None,
+    def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store: PixelStore | None = None,
                    free_pixels: bool = False, version: int | None = None) -> dict[str, float]:
         """One PPO training step on the global batch (every rank passes the same batch). Returns the
         metrics of the whole global batch on every rank; the version is incremented. With `free_pixels`

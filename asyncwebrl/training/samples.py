@@ -15,6 +15,7 @@ import torch
 
 from asyncwebrl.models.mrope import MRopeIndex
 from asyncwebrl.models.vlm import VLMAdapter, decode_image
+from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.records import RolloutGroup, TrainSample
 from asyncwebrl.training.advantages import trajectory_advantages
 from asyncwebrl.training.packing import PackedInputs, pack
@@ -88,7 +89,7 @@ def consumed_pixel_keys(batch: list[RolloutGroup] | list[TrainSample]) -> list[s
     return [k for s in batch for k in s.pixel_keys]  # type: ignore[union-attr]
 
 
-def fetch_pixels(samples: list[TrainSample], pixel_store) -> tuple[list[TrainSample], list[list[bytes]], int]:
+def fetch_pixels(samples: list[TrainSample], pixel_store: PixelStore) -> tuple[list[TrainSample], list[list[bytes]], int]:
     """(kept samples, their encoded screenshots, number dropped for missing pixels). One store call."""
     keys = sorted({k for s in samples if s.pixels is None for k in s.pixel_keys})
     got: dict[str, bytes | None] = {}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from programs import TINY, make_samples, resume_from, train_and_report, uninterrupted
+from ranks import run_ranks
 
 from asyncwebrl.training.checkpoint import latest_complete_checkpoint
-from asyncwebrl.training.launcher import run_ranks
 
 HERE = str(Path(__file__).parent)
 CFG = dict(path=TINY, lr=1e-3, mb_max_tokens=200)
@@ -52,7 +52,7 @@ def test_resume_after_kill_continues_with_the_same_loss(tmp_path):
     # the trainer runs through the same launcher as the reference (same thread setup), in its own
     # session so that the kill takes the launcher and its rank process together
     code = (f"import sys; sys.path.insert(0, {HERE!r}); from programs import uninterrupted; "
-            f"from asyncwebrl.training.launcher import run_ranks; "
+            f"from ranks import run_ranks; "
             f"run_ranks(uninterrupted, 1, ({CFG!r}, {str(root)!r}, 2, 1000), timeout_s=600)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=os.getcwd()),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -217,8 +217,7 @@ def test_off_changes_nothing(tmp_path):
 def test_bc_step_on_two_fsdp_ranks_is_the_single_process_update():
     """bc_step's collectives: 2 gloo ranks (uneven shares, filler passes) give the 1-rank NLL and weights."""
     from programs import TINY, bc_and_report
-
-    from asyncwebrl.training.launcher import run_ranks
+    from ranks import run_ranks
 
     cfg = dict(path=TINY, lr=1e-3, mb_max_tokens=200)
     one = run_ranks(bc_and_report, 1, (cfg, 5, 2), timeout_s=600)

@@ -10,12 +10,12 @@ import urllib.request
 import pytest
 import torch
 from programs import TINY, make_samples, train_then_broadcast
+from ranks import run_ranks
 
 from asyncwebrl.inference.engine import params_checksum
 from asyncwebrl.models.vlm import encode_image_b64
 from asyncwebrl.scheduling.servers import launch_server
 from asyncwebrl.training.config import ActorConfig
-from asyncwebrl.training.launcher import run_ranks
 
 SYNC_TIMEOUT_S = 8
 KEY = "weight-sync-test-key"

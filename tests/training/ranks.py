@@ -1,7 +1,6 @@
-"""Start M trainer ranks as local processes (spawn + tcp rendezvous) and collect what each returns.
-
-Used by tests and benchmarks, and usable by the `local` scheduler; the Ray scheduler hosts the same
-per-rank `FSDPActor` in Ray actors instead. The target is an importable top-level function
+"""Start M trainer ranks as local processes (spawn + tcp rendezvous) and collect what each returns: the
+tests' way to run real multi-rank FSDP programs (`programs.py`). The product hosts the same per-rank
+`FSDPActor` through its scheduler (`scheduling/trainer_host.py`). The target is an importable top-level function
 `target(rank, world_size, master_addr, master_port, *args) -> picklable`.
 
 Invariant: `run_ranks` never hangs: it returns every rank's result, or raises with the failing rank's
