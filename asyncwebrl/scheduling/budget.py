@@ -6,14 +6,10 @@ the trainer's intra-op threads then lose their time slices to page rendering and
 step that took 14 s alone took 26 s beside rollout (bench/results/e2e.json before this module), so
 the async pool lost to the synchronous one.
 
-The budget keeps the trainer's cores to itself and lets rollout fill the idle time:
-- rollout gets a quarter of the cores (at least one): the embedded server decodes with that many
-  threads;
-- the trainer rank's intra-op threads take the rest when rollout runs beside it (rollout.mode=async),
-  every core when they take turns (sync). With every core the trainer's threads meet at a barrier
-  after each operation, and a core shared with a browser or the server holds both up: measured on 2
-  cores (bench e2e, the default workload), the async train phase took 9.7 s with 2 threads and 8.8 s
-  with 1, against 5.7 s for the sync run's train phase with the cores to itself;
+The budget keeps the trainer whole and lets rollout fill the cores' idle time:
+- the trainer rank uses every core at normal priority (its step is the critical path once rollout
+  runs ahead, eta >= 1);
+- the embedded server decodes with a few threads (a quarter of the cores, at least one);
 - the server and the rollout workers (and every process they start: Chromium, Playwright's driver)
   run at a lower priority (`niceness`), so the scheduler hands them the cores whenever the trainer
   waits (Python between kernels, pixel decoding, the weight refresh) and takes them back at once.
@@ -68,12 +64,10 @@ def core_budget(cfg, cores: int | None = None) -> CoreBudget:
                           server_threads=cfg.inference.cpu_threads,
                           rollout_niceness=max(0, cfg.scheduler.rollout_niceness or 0))
     nice = cfg.scheduler.rollout_niceness
-    rollout_cores = max(1, cores // 4)
-    beside = cfg.rollout.mode == "async"  # rollout runs while the trainer trains
     return CoreBudget(
         cores=cores, shared=True,
-        trainer_threads=cfg.actor.cpu_threads or (max(1, cores - rollout_cores) if beside else cores),
-        server_threads=cfg.inference.cpu_threads or rollout_cores,
+        trainer_threads=cfg.actor.cpu_threads or cores,
+        server_threads=cfg.inference.cpu_threads or max(1, cores // 4),
         rollout_niceness=AUTO_ROLLOUT_NICENESS if nice is None else nice,
     )
 

@@ -14,13 +14,10 @@ from asyncwebrl.scheduling.budget import AUTO_ROLLOUT_NICENESS, core_budget, low
 
 
 def test_budget_from_the_core_count_and_its_overrides():
-    cfg = load_run_config(None, [])  # async: rollout runs beside the trainer
+    cfg = load_run_config(None, [])
     b = core_budget(cfg, cores=8)
-    assert (b.shared, b.trainer_threads, b.server_threads, b.rollout_niceness) == (True, 6, 2, AUTO_ROLLOUT_NICENESS)
-    two = core_budget(cfg, cores=2)
-    assert (two.trainer_threads, two.server_threads) == (1, 1)
-    turns = core_budget(load_run_config(None, ["rollout.mode=sync"]), cores=2)  # taking turns: every core
-    assert (turns.trainer_threads, turns.server_threads) == (2, 1)
+    assert (b.shared, b.trainer_threads, b.server_threads, b.rollout_niceness) == (True, 8, 2, AUTO_ROLLOUT_NICENESS)
+    assert core_budget(cfg, cores=2).server_threads == 1
     over = load_run_config(None, ["actor.cpu_threads=3", "inference.cpu_threads=4", "scheduler.rollout_niceness=0"])
     b = core_budget(over, cores=8)
     assert (b.trainer_threads, b.server_threads, b.rollout_niceness) == (3, 4, 0)
