@@ -12,7 +12,8 @@ from asyncwebrl.controller.records import StepRecord
 def _record(step: int, clip: float, coupled: float, tokens: float, success: float) -> StepRecord:
     return StepRecord(
         step=step, version=step, n_trajectories=8, failed_trajectories=0, reward_mean=success,
-        success_rate=success, episode_len_mean=1.0, invalid_rate=0.0, no_effect_rate=0.0, generated_tokens=int(tokens),
+        success_rate=success, episode_len_mean=1.0, invalid_rate=0.0, no_effect_rate=0.0, slow_steps=0,
+        generated_tokens=int(tokens),
         staleness_hist={"1": 2}, n_groups=2, zero_adv_groups=1, zero_adv_frac=0.5, tasks_in_zone=3,
         dropped_stale=0, failed_episodes=0, failed_rollouts=0, rollout_idle_frac=0.1, trainer_idle_frac=0.2,
         trajectories_per_s=1.0, tokens_per_s=5.0, step_time_s=10.0, wait_s=1.0, train_s=8.0, weight_sync_s=1.0,
