@@ -45,6 +45,7 @@ and pays the recorded warm-up each time, the everlasting pool once per session.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -197,7 +198,6 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
     from asyncwebrl.controller.main import Controller
     from asyncwebrl.controller.rundir import RunDir, read_jsonl
     from asyncwebrl.controller.system import build_system
-
     from asyncwebrl.scheduling.budget import core_budget
 
     cfg = load_run_config(None, _overrides(mode, knobs))
@@ -292,7 +292,7 @@ class DecodeSampler:
             return None
 
         sums = {"train": [0, 0.0], "rollout_wait": [0, 0.0]}
-        for (t0, n0), (t1, n1) in zip(self.samples, self.samples[1:]):
+        for (t0, n0), (t1, n1) in itertools.pairwise(self.samples):
             ph = phase_at((t0 + t1) / 2)
             if ph in sums and t1 > t0:
                 sums[ph][0] += n1 - n0

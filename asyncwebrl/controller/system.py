@@ -206,11 +206,10 @@ def _build_ray(s: System) -> None:
 
 def _build_local(s: System) -> None:
     from asyncwebrl.pixelstore import make_pixel_store
+    from asyncwebrl.scheduling.fit import check_fit_here
     from asyncwebrl.scheduling.placement import local_device_assignment, plan_roles
     from asyncwebrl.scheduling.servers import launch_server
     from asyncwebrl.scheduling.trainer_host import start_trainer
-
-    from asyncwebrl.scheduling.fit import check_fit_here
 
     cfg = s.cfg
     check_fit_here(cfg)  # again where the device is known (the config may have been loaded without one)
@@ -243,7 +242,6 @@ def _build_rollout(s: System) -> None:
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.rollout.controller import make_rollout_controller
     from asyncwebrl.rollout.workflow import EpisodeRolloutSpec
-
     from asyncwebrl.scheduling.budget import NicedEnvFactory, core_budget
 
     cfg = s.cfg

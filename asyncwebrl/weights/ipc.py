@@ -110,8 +110,9 @@ class _HandlePickler(pickle._Pickler):  # the Python pickler: it lets `_GlobalRe
 
 def serialize(obj: Any) -> str:
     """base64 of a pickle of `obj` whose tensors travel as handles to their memory (see module doc)."""
-    import torch.multiprocessing as tmp  # noqa: F401 - registers torch's storage reductions
     from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp  # noqa: F401 - registers torch's storage reductions
 
     table = dict(copyreg.dispatch_table)
     table.update(ForkingPickler._extra_reducers)
