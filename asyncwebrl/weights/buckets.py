@@ -13,7 +13,7 @@ the receiver allocates `sum(bytes)` uint8 and reads each tensor back as a view
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +70,22 @@ class Bucket:
         for s, t in zip(self.slots, tensors, strict=True):
             out[s.start:s.end].view(s.dtype).view(s.shape).copy_(t, non_blocking=True)
         return out
+
+
+Named = Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]
+Meta = Sequence[tuple[str, torch.dtype, Sequence[int]]]
+
+
+def tensors_and_meta(named: Named, meta: Meta | None) -> tuple[Iterable[tuple[str, torch.Tensor]], Meta]:
+    """The (name, tensor) pairs a sender walks and their (name, dtype, shape) plan. Without `meta` they
+    are read whole here; with it, `named` may stay a lazy iterator (an FSDP gather), consumed one bucket
+    at a time."""
+    if isinstance(named, dict):
+        named = list(named.items())
+    if meta is None:
+        named = list(named)
+        meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
+    return named, meta
 
 
 def plan_buckets(meta: Sequence[tuple[str, torch.dtype, Sequence[int]]], bucket_bytes: int) -> list[Bucket]:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.weights.buckets import Bucket, plan_buckets
+from asyncwebrl.weights.buckets import Bucket, plan_buckets, tensors_and_meta
 from asyncwebrl.weights.group import WeightSyncError
 
 FLATTENED = "flattened_bucket"
@@ -319,11 +319,7 @@ class SameDeviceSender:
         """Pack bucket by bucket and have the server copy each; returns when the last one is in."""
         if self.broken:
             raise WeightSyncError("the same-device sender is broken: call init_group() again")
-        if isinstance(named, dict):
-            named = list(named.items())
-        if meta is None:
-            named = list(named)
-            meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
+        named, meta = tensors_and_meta(named, meta)
         buckets = self.plan(meta)
         t0 = time.perf_counter()
         try:

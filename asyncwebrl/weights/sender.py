@@ -41,7 +41,7 @@ from asyncwebrl.protocol import (
     ProtocolError,
     UpdateWeightsFromDistributedRequest,
 )
-from asyncwebrl.weights.buckets import Bucket, plan_buckets
+from asyncwebrl.weights.buckets import Bucket, plan_buckets, tensors_and_meta
 from asyncwebrl.weights.control import ControlChannel
 from asyncwebrl.weights.group import WeightGroup, WeightSyncError, join_with_store
 from asyncwebrl.weights.receiver import FLATTENED
@@ -176,11 +176,7 @@ class WeightSender:
         order) and it is consumed one bucket at a time."""
         if self.group is None or self.broken:
             raise WeightSyncError("no usable weight update group: call init_group() first")
-        if isinstance(named, dict):
-            named = list(named.items())
-        if meta is None:
-            named = list(named)
-            meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
+        named, meta = tensors_and_meta(named, meta)
         buckets = self.plan(meta)
         t0 = time.perf_counter()
         self._confirmed = dict.fromkeys(self.servers, 0)
