@@ -12,7 +12,9 @@ be missing on a server (HTTP 404: an older SGLang without update sessions) and t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any
 
 from asyncwebrl.loop_thread import LoopThread
@@ -78,3 +80,14 @@ class ControlChannel:
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
         self._loop.stop(10)
+
+
+def wait_confirmed(fut: Future, deadline: float, what: str) -> None:
+    """Wait for a control call started with `ControlChannel.start` until the monotonic `deadline`; a
+    call still running then is a WeightSyncError saying `what` was not confirmed."""
+    try:
+        fut.result(timeout=max(0.1, deadline - time.monotonic()))
+    except WeightSyncError:
+        raise
+    except TimeoutError as e:
+        raise WeightSyncError(f"{what} before the deadline") from e

@@ -363,12 +363,9 @@ class SameDeviceSender:
         await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
 
     def _confirm(self, fut, deadline: float) -> None:
-        try:
-            fut.result(timeout=max(0.1, deadline - time.monotonic()))
-        except WeightSyncError:
-            raise
-        except TimeoutError as e:
-            raise WeightSyncError("the server did not confirm a same-device bucket before the deadline") from e
+        from asyncwebrl.weights.control import wait_confirmed
+
+        wait_confirmed(fut, deadline, "the server did not confirm a same-device bucket")
 
     def close(self) -> None:
         self._bufs = [None, None]

@@ -42,7 +42,7 @@ from asyncwebrl.protocol import (
     UpdateWeightsFromDistributedRequest,
 )
 from asyncwebrl.weights.buckets import Bucket, plan_buckets, tensors_and_meta
-from asyncwebrl.weights.control import ControlChannel
+from asyncwebrl.weights.control import ControlChannel, wait_confirmed
 from asyncwebrl.weights.group import WeightGroup, WeightSyncError, join_with_store
 from asyncwebrl.weights.receiver import FLATTENED
 
@@ -263,12 +263,7 @@ class WeightSender:
         self._confirmed[server] = self._confirmed.get(server, 0) + 1
 
     def _confirm(self, fut, deadline: float) -> None:
-        try:
-            fut.result(timeout=max(0.1, deadline - time.monotonic()))
-        except WeightSyncError:
-            raise
-        except TimeoutError as e:
-            raise WeightSyncError("a server did not confirm its weights before the deadline") from e
+        wait_confirmed(fut, deadline, "a server did not confirm its weights")
 
     def _send_announced_once(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         deadline = time.monotonic() + self.timeout_s

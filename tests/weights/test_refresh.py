@@ -25,16 +25,6 @@ KEY = "weights-refresh-test-key"
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    import os
-    from pathlib import Path
-
-    from asyncwebrl.models.prepare import resolve_model_path
-
-    return os.environ.get("ASYNCWEBRL_TINY_MODEL") or str(Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl")
-
-
-@pytest.fixture(scope="module")
 def servers(tiny, tmp_path_factory):
     logs = tmp_path_factory.mktemp("srv")
     procs = [launch_server(model=tiny, log_path=logs / f"s{i}.log", weight_sync_timeout_s=TIMEOUT_S, wait=False,

@@ -27,16 +27,6 @@ KEY = "same-device-test-key"
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    import os
-    from pathlib import Path
-
-    from asyncwebrl.models.prepare import resolve_model_path
-
-    return os.environ.get("ASYNCWEBRL_TINY_MODEL") or str(Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl")
-
-
-@pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
     p = launch_server(model=tiny, log_path=tmp_path_factory.mktemp("srv") / "s.log", weight_sync_timeout_s=TIMEOUT_S,
                       wait=False, api_key=KEY)
