@@ -22,11 +22,14 @@ One run writes bench/results/train.json (CPU) or train_gpu.json (CUDA) with ever
 
 Knobs (key=value): shapes, n_samples, out_len, steps, mb_max_tokens, prox_mb_max_tokens, packing,
 recipe (auto | fp32 | mp | bf16), gradient_checkpointing, model (a folder, overrides the shape's),
-out (result name), profile (synchronize at phase boundaries: exact time split).
+out (result name), profile (one extra step, synchronized at phase boundaries, gives the time split;
+the timed steps never synchronize inside the step), trace (a torch.profiler table of that step's
+kernels, written beside the result).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -45,6 +48,7 @@ H200_BF16_DENSE_TFLOPS = 989.0
 DEFAULTS: dict[str, Any] = {
     "shapes": "auto", "n_samples": 0, "out_len": 16, "steps": 2, "mb_max_tokens": 0, "prox_mb_max_tokens": 0,
     "packing": True, "recipe": "auto", "gradient_checkpointing": False, "model": "", "out": "", "profile": True,
+    "trace": False,
 }
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -60,17 +64,22 @@ WORDS = ("click the button named submit in the dialog then type the name into th
 
 @dataclass(kw_only=True)
 class TimeSplit:
-    """Seconds of one train_step, by phase (with profile=true the device is synchronized at each
-    boundary, so GPU work is charged to the phase that queued it)."""
+    """Seconds of one extra, profiled train_step, by phase: the device is synchronized at each
+    boundary, so GPU work is charged to the phase that queued it (the step is slower than the timed
+    ones by those synchronizations: `TrainBenchResult.profiled_step_s`)."""
 
     pixel_fetch_s: float
     image_processing_s: float
+    """host decoding and processing of the screenshots (the part the device waits for)"""
+    vision_s: float
+    """the frozen vision tower over the step's screenshots, once per step (one rank with packing
+    embeds them up front; otherwise it runs inside the first pass, charged to prox or forward)"""
     h2d_s: float
     forward_s: float
     backward_s: float
     optimizer_s: float
     prox_s: float
-    """the whole pi_prox pass (its own host-to-device copies and vision tower included)"""
+    """the whole pi_prox pass (its own host-to-device copies included)"""
     other_s: float
     """the rest of the step: sample preparation, loss arithmetic, metrics"""
 
@@ -93,8 +102,10 @@ class TrainBenchResult:
     flops_per_step: float
     """8 x nonembedding_trainable_params x tokens (module docstring)"""
     step_s: float
-    """the fastest of the timed train_steps (after one warm-up step)"""
+    """the fastest of the timed train_steps (after one warm-up step; no synchronization inside them)"""
     steps_s: list[float]
+    profiled_step_s: float | None
+    """the extra step that measured `split` (synchronized at every phase boundary)"""
     tokens_per_s: float
     samples_per_s: float
     model_tflops_per_s: float
@@ -107,7 +118,7 @@ class TrainBenchResult:
     mfu_vs_matmul: float
     prox_s: float
     prox_mfu: float | None
-    """the pi_prox pass alone: 2 x N x T over its time, over the datasheet peak"""
+    """the pi_prox pass alone: 2 x N x T over its time in the profiled step, over the datasheet peak"""
     peak_mem_gib: float | None
     weights_changed_frac: float
     """share of the first trainable matrix's entries that one step changed (the recipe's updates land)"""
@@ -212,7 +223,7 @@ def run_shape(name: str, knobs: dict[str, Any], device: torch.device, matmul_tfl
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     actor = FSDPActor(cfg, 0, 1, device=str(device))
-    actor.profile = bool(knobs["profile"])
+    actor.profile = False
     n = int(knobs["n_samples"]) or int(shape["n_samples"])
     store = InProcessPixelStore("bench-train", capacity_bytes=1 << 30)
     trainable = [(k, p) for k, p in actor.hf.named_parameters() if p.requires_grad]
@@ -226,22 +237,37 @@ def run_shape(name: str, knobs: dict[str, Any], device: torch.device, matmul_tfl
         # fresh samples (and store references) per step: a step consumes its batch
         return web_shaped_samples(adapter, n, int(knobs["out_len"]), seed=seed, store=store)
 
-    actor.train_step(batch(0), pixel_store=store)  # warm-up: allocator, kernels
-    steps, metrics, before, best = [], {}, None, []
-    times: dict[str, float] = {}
-    for k in range(max(1, int(knobs["steps"]))):
-        samples = batch(k + 1)
-        before = first.detach().float().clone()
+    def timed(samples: list, act: FSDPActor = actor) -> tuple[float, dict[str, float]]:
         if cuda:
             torch.cuda.synchronize(device)
         t = time.perf_counter()
-        metrics = actor.train_step(samples, pixel_store=store)
+        m = act.train_step(samples, pixel_store=store)
         if cuda:
             torch.cuda.synchronize(device)
-        steps.append(time.perf_counter() - t)
-        if steps[-1] == min(steps):
-            times, best = dict(actor.times), samples
+        return time.perf_counter() - t, m
+
+    actor.train_step(batch(0), pixel_store=store)  # warm-up: allocator, kernels
+    steps, metrics, before, best = [], {}, None, []
+    for k in range(max(1, int(knobs["steps"]))):
+        samples = batch(k + 1)
+        before = first.detach().float().clone()
+        dt, metrics = timed(samples)
+        steps.append(dt)
+        if dt == min(steps):
+            best = samples
     changed = float(((first.detach().float() - before) != 0).float().mean())
+    times: dict[str, float] = {}
+    profiled = None
+    if knobs["profile"]:
+        # one more step on the same shape of batch, synchronized at every phase boundary: the split
+        actor.profile = True
+        trace = _trace(device) if knobs["trace"] else contextlib.nullcontext()
+        with trace as prof:
+            profiled, _ = timed(batch(10_000))
+        times = dict(actor.times)
+        actor.profile = False
+        if prof is not None:
+            _write_trace(prof, knobs["out"] or ("train_gpu" if cuda else "train"), name)
     tokens = sum(s.n_tokens for s in best)
     out_tokens = sum(len(s.output_ids) for s in best)
     step = min(steps)
@@ -251,13 +277,14 @@ def run_shape(name: str, knobs: dict[str, Any], device: torch.device, matmul_tfl
     prox = times.get("prox", 0.0)
     split = TimeSplit(
         pixel_fetch_s=times.get("pixel_fetch", 0.0), image_processing_s=times.get("image_processing", 0.0),
-        h2d_s=times.get("h2d", 0.0), forward_s=times.get("forward", 0.0), backward_s=times.get("backward", 0.0),
-        optimizer_s=times.get("optimizer", 0.0), prox_s=prox, other_s=0.0)
-    split.other_s = max(0.0, step - sum(v for k, v in dataclasses.asdict(split).items() if k != "other_s"))
+        vision_s=times.get("vision", 0.0), h2d_s=times.get("h2d", 0.0), forward_s=times.get("forward", 0.0),
+        backward_s=times.get("backward", 0.0), optimizer_s=times.get("optimizer", 0.0), prox_s=prox, other_s=0.0)
+    if profiled is not None:
+        split.other_s = max(0.0, profiled - sum(v for k, v in dataclasses.asdict(split).items() if k != "other_s"))
     res = TrainBenchResult(
         shape=name, model=model, device=str(device), recipe=recipe, packing=actor.packing, mb_max_tokens=cfg.mb_max_tokens,
         n_samples=n, tokens=tokens, output_tokens=out_tokens, nonembedding_trainable_params=n_nonemb,
-        flops_per_step=flops, step_s=step, steps_s=steps, tokens_per_s=tokens / step, samples_per_s=n / step,
+        flops_per_step=flops, step_s=step, steps_s=steps, profiled_step_s=profiled, tokens_per_s=tokens / step, samples_per_s=n / step,
         model_tflops_per_s=tflops, peak_tflops=peak, matmul_tflops=matmul_tflops,
         mfu=tflops / peak if peak else None, mfu_vs_matmul=tflops / matmul_tflops,
         prox_s=prox, prox_mfu=(2.0 * n_nonemb * tokens / prox / 1e12 / peak) if (peak and prox > 0) else None,
@@ -269,6 +296,23 @@ def run_shape(name: str, knobs: dict[str, Any], device: torch.device, matmul_tfl
     if cuda:
         torch.cuda.empty_cache()
     return res
+
+
+def _trace(device: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts, record_shapes=False)
+
+
+def _write_trace(prof, out: str, shape: str) -> None:
+    """The profiled step's kernel table (by device time), beside the result files."""
+    from asyncwebrl.results import RESULTS_DIR
+
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=60)
+    (RESULTS_DIR / f"{out}-{shape}-trace.txt").write_text(table)
+    print(table)
 
 
 def main(overrides: list[str]) -> int:

@@ -67,6 +67,8 @@ from asyncwebrl.training.samples import (
 from asyncwebrl.weights.version import VersionDrift
 
 WRAP = "policy."
+VISION_CHUNK = 32
+"""samples per vision-tower pass when one rank embeds a step's screenshots up front (`FSDPActor._images`)"""
 
 
 @dataclass
@@ -193,8 +195,9 @@ class FSDPActor:
         self.profile = False
         """set (the benchmark does) to synchronize the device at phase boundaries, so `times` is exact"""
         self.times: dict[str, float] = {}
-        """seconds per phase of the last train_step: pixel_fetch, image_processing, h2d, forward,
-        backward, optimizer, prox (the pi_prox pass, all of it)"""
+        """seconds per phase of the last train_step: pixel_fetch, image_processing, vision (the frozen
+        tower, when one rank embeds the screenshots up front), h2d, forward, backward, optimizer, prox
+        (the pi_prox pass, all of it)"""
         self._in_prox = False
         if self.distributed:
             from torch.distributed.device_mesh import init_device_mesh
@@ -264,11 +267,44 @@ class FSDPActor:
 
     # ---- forward ----------------------------------------------------------------------------------
     def _images(self, samples: list[TrainSample], pixels: list[list[bytes]]) -> dict[int, dict[str, torch.Tensor]]:
-        """Processed image tensors of each sample (by id), once for the whole step."""
-        with self._phase("image_processing"):
-            workers = min(8, os.cpu_count() or 1) if self.device.type == "cuda" else 1
-            done = process_images(self.adapter, samples, pixels, workers)
-        return {id(s): im for s, im in zip(samples, done, strict=True)}
+        """Processed image tensors of each sample (by id), once for the whole step.
+
+        One rank with packing also fills the step's image-embedding cache here, pipelined: the samples
+        are processed on host threads in chunks of `VISION_CHUNK`, and each chunk's vision tower pass is
+        queued on the device as soon as the chunk is ready, so the device embeds chunk k while the host
+        decodes chunk k+1. The passes that follow then never run the vision tower. (Under FSDP the tower
+        is sharded with the root, so there it runs inside the first pass's forward, as a cache miss.)"""
+        up_front = self.packing and not self.distributed
+        workers = min(8, os.cpu_count() or 1) if self.device.type == "cuda" else 1
+        if not up_front:
+            with self._phase("image_processing"):
+                done = process_images(self.adapter, samples, pixels, workers)
+            return {id(s): im for s, im in zip(samples, done, strict=True)}
+        from concurrent.futures import ThreadPoolExecutor
+
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        with ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(process_images, self.adapter, [s], [p]) for s, p in zip(samples, pixels, strict=True)]
+            for a in range(0, len(samples), VISION_CHUNK):
+                with self._phase("image_processing"):
+                    chunk = [(id(s), f.result()[0]) for s, f in zip(samples[a:a + VISION_CHUNK], futures[a:a + VISION_CHUNK],
+                                                                    strict=True)]
+                out.update(chunk)
+                with self._phase("vision"):
+                    self._embed_images([(k, im) for k, im in chunk if im])
+        return out
+
+    def _embed_images(self, pairs: list[tuple[int, dict[str, torch.Tensor]]]) -> None:
+        """The frozen vision tower over these samples' images, into the step's embedding cache (one rank)."""
+        if not pairs:
+            return
+        base = getattr(self.hf, self.hf.base_model_prefix)
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            pv = torch.cat([im["pixel_values"] for _, im in pairs]).to(self.device, non_blocking=True)
+            grid = torch.cat([im["image_grid_thw"] for _, im in pairs]).to(self.device, non_blocking=True)
+            per_image = iter(image_features(base, pv, grid))
+            for k, im in pairs:
+                self.embed_cache.embeds[k] = torch.cat([next(per_image) for _ in range(int(im["image_grid_thw"].shape[0]))])
 
     def _forward(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]]):
         if self.packing:
@@ -342,6 +378,7 @@ class FSDPActor:
         budget = self.cfg.prox_mb_max_tokens or 2 * self.cfg.mb_max_tokens
         mbs = self._index_micro_batches(samples, budget)
         out: list[list[float] | None] = [None] * len(samples)
+        parts: list[tuple[list[int], list[int], torch.Tensor]] = []
         was_training = self.module.training
         self.module.eval()
         grad_off = torch.no_grad() if self.distributed else torch.inference_mode()
@@ -353,8 +390,12 @@ class FSDPActor:
                         continue
                     mb_samples = [samples[i] for i in mb]
                     fb, logp, _ = self._forward(mb_samples, [images_of[id(s)] for s in mb_samples])
-                    for i, part in zip(mb, torch.split(logp.float().cpu(), fb.n_per_sample), strict=False):
-                        out[i] = part.tolist()
+                    # kept on the device: one copy to the host at the end, not a synchronisation per
+                    # micro-batch (the host packs the next micro-batch while the device runs this one)
+                    parts.append((mb, fb.n_per_sample, logp.float()))
+            for mb, n_per, logp in parts:
+                for i, part in zip(mb, torch.split(logp.cpu(), n_per), strict=False):
+                    out[i] = part.tolist()
         finally:
             self.module.train(was_training)
         return out  # type: ignore[return-value]
@@ -515,8 +556,8 @@ class FSDPActor:
                 raise ValueError(f"bc_step: {len(samples)} samples but {len(pixels)} pixel lists")
             pos = {id(s): i for i, s in enumerate(samples)}
             kept, pix = local, [pixels[pos[id(s)]] for s in local]
-        images_of = self._images(kept, pix)
         self.embed_cache.clear()
+        images_of = self._images(kept, pix)
         n_tokens = self._all_sum([float(sum(len(s.output_ids) for s in local))])[0]
         opt = optimizer or self.optimizer
         opt.zero_grad(set_to_none=True)
