@@ -183,6 +183,10 @@ class FSDPActor:
             enable_packing(hf)
             self.mrope = MRopeIndex(hf, self.adapter.image_token_id)
         self.embed_cache = ImageEmbeddingCache()
+        if cfg.compile_layers:
+            # in place, before any sharding: FSDP2 wraps the compiled layers as it would the eager ones
+            for layer in _decoder_layers(hf):
+                layer.compile(dynamic=True)
         if self.device.type == "cuda":
             from asyncwebrl.models.vision_attention import batch_vision_attention
 

@@ -31,6 +31,10 @@ class ActorConfig:
     """keep the vision tower and connector frozen (train the language model only)"""
     gradient_checkpointing: bool = False
     """activation checkpointing of decoder layers"""
+    compile_layers: bool = False
+    """`torch.compile` each language-model decoder layer (dynamic shapes, compiled once for all layers):
+    fuses the norms, rotary embedding and gated activation that run as separate memory-bound kernels
+    in eager mode. Pays a compile of a minute or so at the first step; for long GPU runs"""
     cpu_threads: int = 0
     """torch threads of a CPU trainer rank (0 = every core; fewer leaves cores to rollout when they share a machine)"""
     lr: float = 1e-5

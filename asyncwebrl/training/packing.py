@@ -31,12 +31,18 @@ ATTN_NAME = "awrl_packed"
 """the attention implementation registered with transformers for the language model when packing"""
 
 
-def _varlen_fn():
+def _varlen_spec():
+    """torch's varlen attention and how to call it (looked up once, at import: the lookup stays out of
+    a compiled layer's trace)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch without the varlen API
-        return None
-    return varlen_attn
+        return None, False, False
+    params = inspect.signature(varlen_attn).parameters
+    return varlen_attn, "enable_gqa" in params, "is_causal" in params
+
+
+_VARLEN, _VARLEN_GQA, _VARLEN_CAUSAL = _varlen_spec()
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -57,19 +63,17 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         # back to fp32 while v stays in the compute dtype: attend in the compute dtype, as SDPA would
         q, k = q.to(v.dtype), k.to(v.dtype)
     n_rep = q.shape[1] // k.shape[1]
-    varlen = _varlen_fn()
-    if varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        params = inspect.signature(varlen).parameters
-        kw = {"scale": scaling}
-        if "enable_gqa" in params:
+    if _VARLEN is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        kw: dict = {"scale": scaling}
+        if _VARLEN_GQA:
             kw["enable_gqa"] = n_rep > 1
         elif n_rep > 1:
             k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-        if "is_causal" in params:
+        if _VARLEN_CAUSAL:
             kw["is_causal"] = True
         else:
             kw["window_size"] = (-1, 0)
-        out = varlen(q, k, v, cu, cu, max_len, max_len, **kw)
+        out = _VARLEN(q, k, v, cu, cu, max_len, max_len, **kw)
         return out.unsqueeze(0), None
     # exact reference path (CPU, fp32): one causal SDPA per sample
     bounds = cu.tolist()
