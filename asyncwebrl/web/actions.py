@@ -204,8 +204,8 @@ async def execute_action(page, action: dict[str, Any], elements: list[dict[str, 
         el = element_by_id(elements, action["element"])
         if el is None:
             return False, f"no element [{action['element']}] on the page"
-        why = await page.evaluate("([i, o]) => window.__awr ? window.__awr.select(i, o) : 'page not ready'",
-                                  [int(action["element"]), str(action.get("option", ""))])
+        why = await page.evaluate("([i, o, id]) => window.__awr ? window.__awr.select(i, o, id) : 'page not ready'",
+                                  [int(el.get("index", el["id"])), str(action.get("option", "")), int(el["id"])])
         return (False, why) if why else (True, "")
     if t == "type" and "element" in action:
         el = element_by_id(elements, action["element"])

@@ -84,6 +84,10 @@ class EnvConfig:
     """add a text list of interactive elements (id, role, name) to the prompt"""
     set_of_marks: bool = False
     """draw element ids onto the screenshot"""
+    element_ids: Literal["drawn", "document"] = "drawn"
+    """how listed elements are numbered: drawn = a permutation of 1..N drawn per observation from
+    (task, episode seed, observation index), so an id carries no position and a constant answer such
+    as `click [1]` scores at chance; document = 1..N in document order (for comparisons)"""
     coord_mode: Literal["pixel", "norm1000"] = "pixel"
     """coordinates in actions: pixels or normalized 0-1000"""
     invalid_action_penalty: float = 0.0
@@ -137,6 +141,8 @@ class EnvConfig:
     """synthetic env: log-normal sigma of the heavy-tailed episode lengths (1.0: p95 ~ 5x the median)"""
 
     def validate(self) -> None:
+        if self.element_ids not in ("drawn", "document"):
+            raise ValueError(f"env.element_ids must be 'drawn' or 'document', got {self.element_ids!r}")
         if self.max_steps < 1:
             raise ValueError("env.max_steps must be >= 1")
         if self.history_k < 0:

@@ -22,7 +22,14 @@ from asyncwebrl.web.base import EnvCrashed, Observation, StepResult, Task
 from asyncwebrl.web.browser import BrowserPool, BrowserSession, EpisodeBudget, NavigationPolicy
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest
-from asyncwebrl.web.observe import MAX_ELEMENTS, clean_elements, draw_set_of_marks, take_screenshot
+from asyncwebrl.web.observe import (
+    MAX_ELEMENTS,
+    assign_ids,
+    clean_elements,
+    draw_set_of_marks,
+    observation_key,
+    take_screenshot,
+)
 from asyncwebrl.web.pageread import PageReadError
 
 
@@ -140,6 +147,8 @@ class MiniWoBEnv:
         """the page's change count at the last observation (see observe.RUNTIME_JS)"""
         self.budget = EpisodeBudget(self.cfg)
         """the episode's env wall time (env.episode_timeout_s)"""
+        self._observations = 0
+        """observations taken in this episode (the drawn element ids are seeded from it)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -178,7 +187,7 @@ class MiniWoBEnv:
             self._pending_blocked = s.take_blocked()
             s.take_navigations()
             s.episodes += 1
-            self.task, self._done, self.steps = task, False, 0
+            self.task, self._done, self.steps, self._observations = task, False, 0, 0
             obs, _ = await self._observe()
             self._last_png = obs.screenshot
         except EnvCrashed:
@@ -196,7 +205,9 @@ class MiniWoBEnv:
         if not isinstance(state, dict):
             raise PageReadError(f"the MiniWoB state read back as {str(state)[:100]}")
         png = await take_screenshot(page)
-        self._elements = clean_elements(state.get("elements"))
+        self._elements = assign_ids(clean_elements(state.get("elements")), self.cfg.element_ids,
+                                    observation_key(self.task.task_id, self.task.seed, self._observations))
+        self._observations += 1
         self._changes = state["changes"] if isinstance(state.get("changes"), int) else -1
         if not state.get("done") and isinstance(state.get("utterance"), str):
             self._instruction = state["utterance"]

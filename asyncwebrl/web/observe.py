@@ -1,13 +1,20 @@
 """What the agent sees: the viewport screenshot, the list of interactive elements, and the optional
 set-of-marks overlay.
 
-Invariant: element ids are 1..N in document order of the CURRENT observation, and each element's
-box is in viewport pixels, so `click [id]` and `Click [x, y]` address the same screen the model saw.
+Invariant: element ids are 1..N over the elements of the CURRENT observation, and each element's box
+is in viewport pixels, so `click [id]` and `Click [x, y]` address the same screen the model saw. Under
+`env.element_ids=drawn` (the default) the ids are a permutation of 1..N drawn per observation from
+(task, episode seed, observation index), so an id carries no position: a constant answer such as
+`click [1]` hits a random element. The list stays in document order (it is how the page reads); the
+element text, the set-of-marks overlay and the action executor all read the same `id` field, and
+`index` keeps the runtime's document position (what `select` addresses in the page).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import random
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -135,9 +142,10 @@ RUNTIME_JS = r"""
     // how many page changes (DOM mutations, input/change/focus events, scrolls) have happened so far
     changes() { note(mo.takeRecords()); return changes; },
     // choose `option` (its text, label or value; exact, then case- and space-insensitive) in the
-    // <select> listed as element `id` of the last element list; returns '' or why not
-    select(id, option) {
-      const e = refs[id - 1];
+    // <select> at document position `index` of the last element list, which the agent sees as
+    // element `id`; returns '' or why not
+    select(index, option, id) {
+      const e = refs[index - 1];
       if (!e || !e.isConnected) return `no element [${id}] on the page`;
       if (e.tagName !== 'SELECT') return `element [${id}] is not a drop-down list (<select>)`;
       const norm = (x) => (x || '').replace(/\s+/g, ' ').trim().toLowerCase();
@@ -188,6 +196,30 @@ def clean_elements(value: Any) -> list[dict[str, Any]]:
             continue
         out.append(e)
     return out
+
+
+def assign_ids(elements: list[dict[str, Any]], mode: str, key: str) -> list[dict[str, Any]]:
+    """Number the (cleaned) elements of one observation in place and return them: `index` = the
+    runtime's document position (the id it read back, what `window.__awr.select` addresses), `id` =
+    the id the agent sees: 1..N in document order under mode "document", a permutation of 1..N drawn
+    from `key` (task, seed, observation index) under mode "drawn", so equal episodes see equal ids
+    and runs are reproducible."""
+    for i, e in enumerate(elements, 1):
+        e["index"] = e["id"]
+        e["id"] = i
+    if mode == "drawn" and len(elements) > 1:
+        ids = list(range(1, len(elements) + 1))
+        random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")).shuffle(ids)
+        for e, i in zip(elements, ids, strict=True):
+            e["id"] = i
+    elif mode not in ("drawn", "document"):
+        raise ValueError(f"element id mode must be 'drawn' or 'document', not {mode!r}")
+    return elements
+
+
+def observation_key(task_id: str, seed: int, index: int) -> str:
+    """What the drawn ids of one observation are seeded from."""
+    return f"{task_id}#{seed}#{index}"
 
 
 def _element_line(e: dict[str, Any]) -> str:

@@ -29,6 +29,11 @@ _EXAMPLES_ELEMENTS = [
     ('Task: Click on the "ok" button.\nElements:\n[1] button "cancel"\n[2] button "ok"', "click [2]"),
     ('Task: Enter "Bob" into the text field.\nElements:\n[1] textbox ""\n[2] button "Submit"', "type [1] [Bob]"),
 ]
+# under env.element_ids=drawn the listed ids are not in document order, and the examples show that
+_EXAMPLES_ELEMENTS_DRAWN = [
+    ('Task: Click on the "ok" button.\nElements:\n[2] button "cancel"\n[1] button "ok"', "click [1]"),
+    ('Task: Enter "Bob" into the text field.\nElements:\n[2] textbox ""\n[1] button "Submit"', "type [2] [Bob]"),
+]
 _EXAMPLES_COORDS_PIXEL = [
     ('Task: Click on the "ok" button.', "click [80, 120]"),
     ('Task: Enter "Bob" into the text field.', "type [60, 70] [Bob]"),
@@ -56,7 +61,8 @@ def build_messages(
     earlier steps (oldest first); n_images: screenshots in the prompt (the caller's sliding window).
     """
     if env_cfg.element_list:
-        system, examples = _SYSTEM_ELEMENTS, _EXAMPLES_ELEMENTS
+        system = _SYSTEM_ELEMENTS
+        examples = _EXAMPLES_ELEMENTS_DRAWN if env_cfg.element_ids == "drawn" else _EXAMPLES_ELEMENTS
     else:
         unit = "pixel" if env_cfg.coord_mode == "pixel" else "0-1000 normalized"
         system = _SYSTEM_COORDS.format(unit=unit)

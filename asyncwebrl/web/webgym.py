@@ -42,10 +42,12 @@ from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.fence import BlockedRequest
 from asyncwebrl.web.observe import (
     MAX_ELEMENTS,
+    assign_ids,
     clean_elements,
     draw_set_of_marks,
     element_by_id,
     elements_expression,
+    observation_key,
     take_screenshot,
 )
 from asyncwebrl.web.pageread import PageReadError, predicate_expression
@@ -225,6 +227,8 @@ class WebGymEnv:
         """the page's change count at the last observation (see observe.RUNTIME_JS)"""
         self.budget = EpisodeBudget(self.cfg)
         """the episode's env wall time (env.episode_timeout_s)"""
+        self._observations = 0
+        """observations taken in this episode (the drawn element ids are seeded from it)"""
 
     @property
     def pool(self) -> BrowserPool:
@@ -287,7 +291,7 @@ class WebGymEnv:
                 raise failure
             self._pending_blocked = blocked
             s.episodes += 1
-            self.task, self._done = task, False
+            self.task, self._done, self._observations = task, False, 0
             obs = await self._observe()
         except (EnvCrashed, TaskError):
             raise
@@ -307,6 +311,9 @@ class WebGymEnv:
                 if not (isinstance(got, list) and len(got) == 2 and isinstance(got[1], int)):
                     raise PageReadError(f"the element list read back as {str(got)[:100]}")
                 self._elements, self._changes = clean_elements(got[0]), got[1]
+                assign_ids(self._elements, self.cfg.element_ids,
+                           observation_key(self.task.task_id, self.task.seed, self._observations))
+                self._observations += 1
                 png = await take_screenshot(page)
                 break
             except PageReadError as e:

@@ -35,10 +35,11 @@ def test_agent_stays_on_allowed_origin(runner):
         try:
             obs = await env.reset(task)
             origin = obs.url.rsplit("/", 1)[0]
-            ids = {e["name"]: e["id"] for e in obs.elements}
             results = {}
             for name in ["Local file", "Router", "Elsewhere", "New tab", "Popup", "Admin"]:
-                o, r = await env.step({"type": "click", "element": ids[name]})
+                ids = {e["name"]: e["id"] for e in obs.elements}  # drawn anew for every observation
+                obs, r = await env.step({"type": "click", "element": ids[name]})
+                o = obs
                 results[name] = (o.url, r, len(env.session.context.pages), await env.session.page.title())
             return origin, results
         finally:

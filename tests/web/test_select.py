@@ -36,7 +36,7 @@ def test_choose_list_in_two_steps_through_gymnasium(grammar):
         solved = 0
         for seed in (1, 2, 3):
             obs, _ = env.reset(seed=seed)
-            sel_id, submit_id, line = _ids(obs["elements"])
+            sel_id, _, line = _ids(obs["elements"])
             goal = _goal(obs["instruction"])
             # the value and each option stand apart (not all options run together as the name)
             value, options = re.search(r'value="([^"]*)" options: (.*)$', line).groups()
@@ -45,7 +45,8 @@ def test_choose_list_in_two_steps_through_gymnasium(grammar):
             act = f"select [{sel_id}] [{goal}]" if grammar == "webgym" else f"select_option('{sel_id}', '{goal}')"
             obs, reward, terminated, _, info = env.step(act)
             assert not info["invalid"] and not info["no_effect"] and not terminated, info
-            assert f'value="{goal}"' in _ids(obs["elements"])[2]  # the list now shows the choice
+            _, submit_id, line = _ids(obs["elements"])  # ids are drawn anew for every observation
+            assert f'value="{goal}"' in line  # the list now shows the choice
             _, reward, terminated, _, info = env.step(f"click [{submit_id}]")
             solved += int(terminated and reward == 1.0)
         assert solved == 3
@@ -60,10 +61,13 @@ def test_actions_without_effect_say_so(runner):
             obs = await env.reset(Task("miniwob/choose-list", seed=4))
             sel = next(e for e in obs.elements if e["role"] == "combobox")
             goal = _goal(obs.instruction)
-            _, typed = await env.step({"type": "type", "element": sel["id"], "text": goal})
-            _, nothing = await env.step({"type": "click", "x": 150, "y": 200})  # empty area below the task
-            _, missing = await env.step({"type": "select", "element": sel["id"], "option": "No Such Option"})
-            _, chose = await env.step({"type": "select", "element": sel["id"], "option": goal})
+            def select_id(obs):  # ids are drawn anew for every observation
+                return next(e for e in obs.elements if e["role"] == "combobox")["id"]
+
+            obs, typed = await env.step({"type": "type", "element": sel["id"], "text": goal})
+            obs, nothing = await env.step({"type": "click", "x": 150, "y": 200})  # empty area below the task
+            obs, missing = await env.step({"type": "select", "element": select_id(obs), "option": "No Such Option"})
+            _, chose = await env.step({"type": "select", "element": select_id(obs), "option": goal})
             return typed, nothing, missing, chose
         finally:
             await env.close()

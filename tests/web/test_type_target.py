@@ -30,7 +30,8 @@ def test_type_into_link_is_invalid_and_clicks_nothing(runner):
             obs = await env.reset(Task("miniwob/click-link", seed=3))
             word = re.search(r'"(.+)"', obs.instruction).group(1)
             link = next(e for e in obs.elements if e["name"] == word)  # a pointer-styled <span>
-            typed = (await env.step({"type": "type", "element": link["id"], "text": "a"}))[1]
+            obs, typed = await env.step({"type": "type", "element": link["id"], "text": "a"})
+            link = next(e for e in obs.elements if e["name"] == word)  # ids are drawn per observation
             clicked = (await env.step({"type": "click", "element": link["id"]}))[1]
             obs = await env.reset(Task("miniwob/enter-text", seed=3))
             box = next(e for e in obs.elements if e["role"] == "textbox")
