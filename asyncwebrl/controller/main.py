@@ -430,6 +430,12 @@ def run_training(cfg: RunConfig, record: str | None = None) -> RunSummary:
             if held:
                 summary.heldout_eval_first = held[0].heldout_success_rate
                 summary.heldout_eval_last = held[-1].heldout_success_rate
+            based = [r for r in summary.eval if r.shortcut_baseline is not None]
+            if based:
+                last = based[-1]
+                summary.shortcut_baseline, summary.shortcut_policy = last.shortcut_baseline, last.shortcut_policy
+                summary.heldout_shortcut_baseline = last.heldout_shortcut_baseline
+                summary.gain_over_shortcut = summary.eval_last - last.shortcut_baseline
         run.write_summary(summary.as_dict())
         run.log_metrics("summary", ctl.state.step,
                         {k: v for k, v in summary.as_dict().items() if not isinstance(v, list)})
@@ -464,7 +470,10 @@ def _eval_records(root: Path) -> list[EvalPoint]:
 
     return [EvalPoint(version=int(r["version"]), success_rate=float(r["success_rate"]),
                       heldout_success_rate=r.get("heldout_success_rate"), per_task=r.get("per_task") or {},
-                      heldout_per_task=r.get("heldout_per_task") or {})
+                      heldout_per_task=r.get("heldout_per_task") or {},
+                      shortcut_baseline=r.get("shortcut_baseline"), shortcut_policy=r.get("shortcut_policy"),
+                      gain_over_shortcut=r.get("gain_over_shortcut"),
+                      heldout_shortcut_baseline=r.get("heldout_shortcut_baseline"))
             for r in read_jsonl(root / "metrics.jsonl") if r.get("kind") == "eval"]
 
 
@@ -482,5 +491,8 @@ def _print_summary(cfg: RunConfig, root: Path, summary: RunSummary) -> None:
     for r in summary.eval:
         held = f"   held-out {r.heldout_success_rate:.3f}" if r.heldout_success_rate is not None else ""
         print(f"eval               version {r.version}: success {r.success_rate:.3f}{held}")
+    if summary.shortcut_baseline is not None:
+        print(f"shortcut baseline  {summary.shortcut_baseline:.3f} ({summary.shortcut_policy}); greedy eval "
+              f"gains {summary.gain_over_shortcut:+.3f} over it")
     print(f"logs and plots     {root / 'metrics.jsonl'}, {root / 'summary.json'}, "
           f"tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")

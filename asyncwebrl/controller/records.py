@@ -85,6 +85,15 @@ class EvalPoint:
     """success on the held-out tasks (never trained on), same snapshot; None without held-out tasks"""
     per_task: dict[str, float] = field(default_factory=dict)
     heldout_per_task: dict[str, float] = field(default_factory=dict)
+    shortcut_baseline: float | None = None
+    """success of the best constant-action policy (`click [k]`, "first button" ...) on the same
+    episodes (evaluation.shortcut); None when test_rollout.shortcut_baseline is off or it failed"""
+    shortcut_policy: str | None = None
+    """which constant policy that was"""
+    gain_over_shortcut: float | None = None
+    """success_rate - shortcut_baseline: what reading the page adds"""
+    heldout_shortcut_baseline: float | None = None
+    """the same on the held-out tasks"""
 
 
 @dataclass(kw_only=True)
@@ -115,6 +124,15 @@ class RunSummary:
     eval_gain: float | None = None
     heldout_eval_first: float | None = None
     heldout_eval_last: float | None = None
+    shortcut_baseline: float | None = None
+    """the best constant-action policy's success on the evaluation episodes (the last evaluation's)"""
+    shortcut_policy: str | None = None
+    """which constant policy that was (`click [k]`, `first ROLE`)"""
+    gain_over_shortcut: float | None = None
+    """eval_last - shortcut_baseline: a run whose greedy success only rises to the shortcut is not
+    reading the page"""
+    heldout_shortcut_baseline: float | None = None
+    """the same baseline on the held-out tasks"""
     task_sampling: str = "uniform"
     """env.task_sampling.mode of the run"""
     zero_adv_groups: int = 0

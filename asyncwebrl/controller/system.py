@@ -294,5 +294,5 @@ def _build_test_rollout(s: System) -> None:
         sampling=eval_sampling(cfg, adapter),
         on_result=lambda figs: s.run.log_metrics("eval", int(figs["version"]), figs),
         poll_interval_s=cfg.test_rollout.poll_interval_s, flush_after_s=cfg.test_rollout.flush_after_s or None,
-        store=InProcessPixelStore("eval"), heldout_tasks=heldout,
+        store=InProcessPixelStore("eval"), heldout_tasks=heldout, shortcut=cfg.test_rollout.shortcut_baseline,
     )

@@ -20,6 +20,10 @@ class TestRolloutConfig:
     ignored for env types other than miniwob)"""
     heldout_n_episodes: int = 0
     """episodes of the held-out tasks per evaluated checkpoint (0 = n_episodes)"""
+    shortcut_baseline: bool = True
+    """also play the constant-action policies (`click [k]`, "first button" ...) on the same episodes,
+    once per evaluation set, and report the best one's success (`shortcut_baseline`) and
+    `gain_over_shortcut` with every evaluation"""
     temperature: float = 0.0
     """evaluation sampling temperature (0 = greedy)"""
     poll_interval_s: float = 2.0

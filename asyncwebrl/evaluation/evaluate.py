@@ -128,7 +128,10 @@ async def _make(env_factory):
 def evaluate_model(cfg, model: str, version: int = -1) -> dict[str, Any]:
     """Start one embedded server on `model` (a model folder or a checkpoint), run the evaluation set of
     the run config (`eval_task_sets`: test_rollout.tasks, n_episodes, greedy at test_rollout.temperature)
-    and, if any, the held-out set (under "heldout"); stop the server. The figures of `run_eval_episodes`."""
+    and, if any, the held-out set (under "heldout"); stop the server. The figures of `run_eval_episodes`,
+    each set with its shortcut baseline (`evaluation.shortcut`) unless test_rollout.shortcut_baseline
+    is off."""
+    from asyncwebrl.evaluation.shortcut import shortcut_baseline, shortcut_figures
     from asyncwebrl.inference.client import InferenceClient
     from asyncwebrl.models.vlm import VLMAdapter
     from asyncwebrl.pixelstore.store import InProcessPixelStore
@@ -155,6 +158,11 @@ def evaluate_model(cfg, model: str, version: int = -1) -> dict[str, Any]:
                     figures["heldout"] = await run_eval_episodes(held, lambda: make_env(cfg.env, pool=pool), client,
                                                                  adapter, InProcessPixelStore("eval"), cfg.env,
                                                                  sampling, version=version)
+                if cfg.test_rollout.shortcut_baseline:
+                    for part, part_tasks in ((figures, tasks), (figures.get("heldout"), held)):
+                        if part is not None:
+                            base = await shortcut_baseline(part_tasks, cfg.env)
+                            part.update(shortcut_figures(part["success_rate"], base))
                 return figures
             finally:
                 await client.aclose()  # its HTTP session lives in this loop

@@ -4,7 +4,9 @@ A daemon thread with its own asyncio loop and its own inference server(s). It sc
 root for the newest complete checkpoint, hot-loads it with `/update_weights_from_disk`, runs the
 fixed evaluation set, and logs eval metrics tagged with the checkpoint's version. With held-out tasks
 (tasks the trainer never samples) it runs their fixed set on the same snapshot and adds
-`heldout_success_rate` / `heldout_per_task` to the same eval record.
+`heldout_success_rate` / `heldout_per_task` to the same eval record. Beside each set's success it
+reports the shortcut baseline (`evaluation.shortcut`: the best constant-action policy on the same
+episodes, played once per set) and `gain_over_shortcut`.
 
 Invariants: it never joins the weight-broadcast group and never blocks training (the trainer only
 reads `wants_checkpoint`, a flag, at step boundaries); it only ever evaluates complete checkpoints,
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncwebrl.evaluation.evaluate import run_eval_episodes
+from asyncwebrl.evaluation.shortcut import ShortcutBaseline, shortcut_baseline, shortcut_figures
 from asyncwebrl.pixelstore.base import PixelStore
 from asyncwebrl.training.checkpoint import latest_complete_checkpoint
 
@@ -41,7 +44,7 @@ class TestRolloutManager:
     def __init__(self, *, ckpt_root: Path, client, adapter, env_factory, env_cfg, tasks, sampling: dict[str, Any],
                  on_result: Callable[[dict[str, Any]], None], poll_interval_s: float = 2.0,
                  flush_after_s: float | None = 120.0, concurrency: int = 2, store: PixelStore | None = None,
-                 heldout_tasks=None):
+                 heldout_tasks=None, shortcut: bool = True):
         self.ckpt_root = Path(ckpt_root)
         self.client = client
         self.adapter = adapter
@@ -63,6 +66,11 @@ class TestRolloutManager:
         self._thread: threading.Thread | None = None
         self._last_new = time.monotonic()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.shortcut_enabled = shortcut
+        """play the constant-action policies once per evaluation set (test_rollout.shortcut_baseline)"""
+        self.shortcut: ShortcutBaseline | None = None
+        self.heldout_shortcut: ShortcutBaseline | None = None
+        self._shortcut_tried = False
 
     def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Also hand every evaluation's figures to `listener` (called on the evaluation thread, after
@@ -99,6 +107,23 @@ class TestRolloutManager:
             time.sleep(0.5)
         return {"version": v, "evaluated": v in self.evaluated}
 
+    async def _shortcut_once(self) -> None:
+        """The shortcut baselines of both sets, before the first evaluation (they depend on no version);
+        one failed attempt is logged and counted, and the evaluations go on without them."""
+        if not self.shortcut_enabled or self._shortcut_tried:
+            return
+        self._shortcut_tried = True
+        try:
+            self.shortcut = await shortcut_baseline(self.tasks, self.env_cfg, concurrency=self.concurrency)
+            if self.heldout_tasks:
+                self.heldout_shortcut = await shortcut_baseline(self.heldout_tasks, self.env_cfg,
+                                                                concurrency=self.concurrency)
+            log.info("shortcut baseline %.3f (%s) in %.0f s", self.shortcut.success_rate, self.shortcut.policy,
+                     self.shortcut.seconds)
+        except Exception as e:
+            self.failures += 1
+            log.warning("the shortcut baseline failed (evaluations are reported without it): %s", e)
+
     def _run(self) -> None:
         asyncio.run(self._loop())
 
@@ -123,9 +148,11 @@ class TestRolloutManager:
             t0 = time.monotonic()
             try:
                 await self.client.aupdate_weights_from_disk(str(ckpt), version)
+                await self._shortcut_once()
                 figures = await run_eval_episodes(self.tasks, self.env_factory, self.client, self.adapter,
                                                   self.store, self.env_cfg, self.sampling, version,
                                                   concurrency=self.concurrency)
+                figures.update(shortcut_figures(figures["success_rate"], self.shortcut))
                 if self.heldout_tasks:
                     held = await run_eval_episodes(self.heldout_tasks, self.env_factory, self.client, self.adapter,
                                                    self.store, self.env_cfg, self.sampling, version,
@@ -134,6 +161,7 @@ class TestRolloutManager:
                     figures["heldout_n_episodes"] = held["n_episodes"]
                     figures["heldout_invalid_rate"] = held["invalid_rate"]
                     figures["heldout_per_task"] = held["per_task"]
+                    figures.update(shortcut_figures(held["success_rate"], self.heldout_shortcut, "heldout_"))
                 figures["checkpoint"] = ckpt.name
                 figures["eval_time_s"] = time.monotonic() - t0
                 self.on_result(figures)
