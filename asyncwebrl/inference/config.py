@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from asyncwebrl.inference.admission import CostLimits
 
 
 @dataclass(kw_only=True)
@@ -34,6 +36,10 @@ class InferenceConfig:
     cpu_threads: int = 0
     """embedded hf backend on CPU: torch threads per server (0 = 1, since servers share cores with
     browsers and the trainer; env ASYNCWEBRL_CPU_THREADS of the server process)"""
+    cost: CostLimits = field(default_factory=CostLimits)
+    """embedded hf backend: what one /generate request, and all of them together, may cost
+    (inference/admission.py; `asyncwebrl serve --cost KEY=VALUE`, env ASYNCWEBRL_COST_LIMITS of the
+    server process)"""
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -44,3 +50,7 @@ class InferenceConfig:
             raise ValueError("inference.base_port must be in 0..65535 (0 = pick free ports)")
         if self.cpu_threads < 0:
             raise ValueError("inference.cpu_threads must be >= 0 (0 = one thread per CPU server)")
+        try:
+            self.cost.validate()
+        except ValueError as e:
+            raise ValueError(f"inference.cost: {e}") from None

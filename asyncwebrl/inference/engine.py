@@ -17,12 +17,19 @@ Invariants:
   an input_ids request are decoded and processed in worker processes (inference/image_pool.py, same
   values and refusals), off the GIL;
 - a paused engine keeps its queued and running requests; they continue after `resume()` (on the new
-  weights, with their old KV cache), unless aborted, in which case they end with finish_reason abort.
+  weights, with their old KV cache), unless aborted, in which case they end with finish_reason abort;
+- light clients go first (`light_client_prompts`): a client with at most that many requests in the
+  engine is light; while a light client has requests in it, the running rows of heavier clients are
+  set aside with their KV cache (not decoded, nothing recomputed) and only light clients' requests
+  are admitted; the rows rejoin the batch once no light client is left. On a CPU every row adds to
+  each step's time, so one client's big batch would otherwise slow every small request by its size.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
+import copy
 import inspect
 import logging
 import threading
@@ -86,6 +93,8 @@ class EngineRequest:
     max_new_tokens: int
     on_done: Callable[[EngineResult], None]
     on_token: Callable[[EngineRequest], None] | None = None
+    client: str = ""
+    """who sent it (the server's client key): the engine shares its rows between clients"""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
@@ -149,6 +158,8 @@ class HFEngine:
         self.context_len = min(max_context_len, int(getattr(text_cfg, "max_position_embeddings", max_context_len)))
         self.limits = RequestLimits()
         self.max_batch_size = max_batch_size
+        self.light_client_prompts = 0
+        """a client with at most this many requests in the engine goes before heavier ones (0 = off)"""
         self.family = self.adapter.model_family
         self.eos_ids = set(self.adapter.eos_token_ids)
         self.weight_version = str(weight_version)
@@ -160,6 +171,8 @@ class HFEngine:
         self._cond = threading.Condition()
         self._waiting: list[EngineRequest] = []
         self._batch = _RunningBatch()
+        self._aside = _RunningBatch()
+        """rows set aside while clients share the engine (KV kept, not decoded)"""
         self._paused = False
         self._stopped = False
         # callers waiting for the model lock (abort, weight access); the loop stands aside for them,
@@ -169,7 +182,7 @@ class HFEngine:
         """requests inside prepare() now (HTTP threads)"""
         self._thread: threading.Thread | None = None
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "finished": 0, "aborted": 0, "errors": 0,
-                      "malloc_trims": 0}
+                      "malloc_trims": 0, "set_aside": 0}
         self._malloc_trim = _libc_malloc_trim() if self.device.type == "cpu" else None
         self._last_trim = time.monotonic()
         self.image_pool = None
@@ -334,11 +347,12 @@ class HFEngine:
     def abort(self, rid: str | None = None, abort_all: bool = False, message: str = "aborted") -> int:
         """End matching queued/running requests with finish_reason abort; returns how many."""
         with self._model_lock(), self._cond:
-            hit = [r for r in self._waiting + self._batch.reqs if abort_all or r.rid == rid]
+            hit = [r for r in self._waiting + self._batch.reqs + self._aside.reqs if abort_all or r.rid == rid]
             for r in hit:
                 r.finish = finish_reason("abort", message=message)
             self._waiting = [r for r in self._waiting if r.finish is None]
             self._drop_finished()
+            self._aside = self._select(self._aside, [i for i, r in enumerate(self._aside.reqs) if r.finish is None])
         for r in hit:
             self.stats["aborted"] += 1
             self._deliver(r)
@@ -359,8 +373,8 @@ class HFEngine:
                 self.resume()
 
     def load_info(self) -> dict[str, int]:
-        running = sum(1 for r in self._batch.reqs if r.finish is None)
-        return {"running": running, "waiting": len(self._waiting)}
+        running = sum(1 for r in self._batch.reqs + self._aside.reqs if r.finish is None)
+        return {"running": running, "waiting": len(self._waiting), "set_aside": len(self._aside)}
 
     # ---- the scheduler loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -368,7 +382,7 @@ class HFEngine:
         while True:
             with self._cond:
                 while not self._stopped and (
-                    self._paused or self._lock_waiters or not (self._waiting or self._batch.reqs)
+                    self._paused or self._lock_waiters or not (self._waiting or self._batch.reqs or self._aside.reqs)
                 ):
                     self._cond.wait(timeout=1.0)
                 if self._stopped:
@@ -377,6 +391,7 @@ class HFEngine:
                 if self._paused:
                     continue
                 try:
+                    self._share_rows()
                     self._admit()
                     if self._batch.reqs:
                         self._decode_step()
@@ -403,12 +418,88 @@ class HFEngine:
         self._malloc_trim(0)
         self.stats["malloc_trims"] += 1
 
+    def _heavy_clients(self) -> set[str]:
+        """Clients whose rows wait while a light client has requests in the engine: empty when there
+        is no light client or no heavy one (call with `_cond` held)."""
+        held = collections.Counter(r.client for r in self._batch.reqs)
+        held.update(r.client for r in self._aside.reqs)
+        held.update(r.client for r in self._waiting)
+        heavy = {c for c, n in held.items() if n > self.light_client_prompts}
+        return heavy if len(heavy) < len(held) else set()
+
+    def _share_rows(self) -> None:
+        """Set aside the running rows of heavy clients while a light client has requests (KV kept);
+        let them rejoin the batch once none has."""
+        if not self.light_client_prompts or not (self._batch.reqs or self._aside.reqs):
+            return
+        with self._cond:
+            heavy = self._heavy_clients()
+        if heavy:
+            b = self._batch
+            over = [i for i, r in enumerate(b.reqs) if r.client in heavy and r.finish is None]
+            if over:
+                self._aside = self._concat(self._aside, self._select(b, over))
+                self._batch = self._select(b, [i for i in range(len(b)) if i not in set(over)])
+                self.stats["set_aside"] += len(over)
+        elif self._aside.reqs and len(self._batch) < self.max_batch_size:
+            n = min(len(self._aside), self.max_batch_size - len(self._batch))
+            a = self._aside
+            self._batch = self._concat(self._batch, self._select(a, list(range(n))))
+            self._aside = self._select(a, list(range(n, len(a))))
+
+    def _select(self, b: _RunningBatch, rows: list[int]) -> _RunningBatch:
+        """A new batch of rows `rows` of `b` (their KV copied out), all-pad leading columns trimmed."""
+        out = _RunningBatch()
+        if not rows:
+            return out
+        if len(rows) == len(b.reqs):
+            return b
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        mask = b.mask.index_select(0, idx)
+        first = int((mask.sum(0) > 0).nonzero()[0])
+        out.cache = copy.copy(b.cache)
+        out.cache.layers = [copy.copy(layer) for layer in b.cache.layers]
+        for layer in out.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
+            layer.values = layer.values.index_select(0, idx)[:, :, first:]
+        out.mask = mask[:, first:]
+        out.reqs = [b.reqs[i] for i in rows]
+        out.positions = [b.positions[i] for i in rows]
+        out.rope_deltas = [b.rope_deltas[i] for i in rows]
+        return out
+
+    @staticmethod
+    def _concat(a: _RunningBatch, b: _RunningBatch) -> _RunningBatch:
+        """`a` with the rows of `b` appended (both left-padded to a common length)."""
+        if not a.reqs:
+            return b
+        if not b.reqs:
+            return a
+        t = max(a.mask.shape[1], b.mask.shape[1])
+        for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+            la.keys = torch.cat([_left_pad(la.keys, t), _left_pad(lb.keys, t)], dim=0)
+            la.values = torch.cat([_left_pad(la.values, t), _left_pad(lb.values, t)], dim=0)
+        a.mask = torch.cat([_left_pad(a.mask, t), _left_pad(b.mask, t)], dim=0)
+        a.reqs += b.reqs
+        a.positions += b.positions
+        a.rope_deltas += b.rope_deltas
+        return a
+
+    def _next_waiting(self) -> EngineRequest | None:
+        """The waiting request to admit next (call with `_cond` held): the oldest, or, while a light
+        client has requests in the engine (`light_client_prompts`), the oldest of a light client."""
+        heavy = self._heavy_clients() if self.light_client_prompts else set()
+        i = next((i for i, r in enumerate(self._waiting) if r.client not in heavy), None)
+        return None if i is None else self._waiting.pop(i)
+
     def _admit(self) -> None:
         while len(self._batch) < self.max_batch_size:
             with self._cond:
                 if not self._waiting or self._paused:
                     return
-                r = self._waiting.pop(0)
+                r = self._next_waiting()
+                if r is None:
+                    return
             try:
                 self._prefill(r)
             except Exception as e:

@@ -270,6 +270,11 @@ class GraphEngine(HFEngine):
         return [i for i in ids if i is not None]
 
     # ---- prefill -----------------------------------------------------------------------------------
+    def _set_aside(self) -> None:
+        """Rows stay in their slots under the static decoder (on a GPU a row adds little to a step)."""
+        if self.decoder is None:
+            super()._set_aside()
+
     def _admit(self) -> None:
         if self.decoder is None:
             return super()._admit()

@@ -18,7 +18,13 @@ Invariants (see `asyncwebrl.httpguard` for the gate every request passes first):
   shape plus ours) and the server keeps serving; bodies are parsed off the event loop, so /health
   answers while a large request is being read or parsed;
 - weight operations are serialized with each other and run with generation paused
-  (engine.exclusive), never concurrently with a forward pass.
+  (engine.exclusive), never concurrently with a forward pass;
+- /generate passes the cost model (inference/admission.py) before any image is decoded; its prompts
+  are prepared on the server's own preparation threads, one prompt of a client at a time, round-robin
+  over clients, and reach the engine round-robin over clients;
+- an abort of all requests (pause in abort mode, abort_all, a version or weight update that aborts)
+  also ends the requests still being prepared or queued: each of their prompts answers with
+  finish_reason abort. A pause in place holds them; they run after /continue_generation.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import logging
 import multiprocessing
@@ -35,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +75,7 @@ from asyncwebrl.protocol import (
     GenerateRequest,
     ProtocolError,
     error,
+    finish_reason,
     ok,
     parse_generate_bounded,
     parse_json,
@@ -80,8 +88,19 @@ from asyncwebrl.weights.sender import EXTENSION_BUCKET_SIZES
 log = logging.getLogger(__name__)
 PARSE_INLINE_BYTES = 256 * 1024
 """bodies above this are parsed off the event loop (/generate: in a worker process)"""
-MAX_BATCH_PROMPTS = 256
-"""prompts in one /generate batch"""
+
+
+class PreparationAborted(Exception):
+    """The prompts of a request were still being prepared when all requests were aborted."""
+
+
+@dataclass(eq=False)
+class _PrepJob:
+    """One prompt's preparation, waiting for a preparation thread."""
+
+    client: str
+    run: Callable[[], EngineRequest]
+    done: asyncio.Future
 
 class InferenceServer:
     """HTTP front of one engine (one server per device, tp=1)."""
@@ -92,8 +111,15 @@ class InferenceServer:
         self.limits = limits or CostLimits(max_image_pixels=engine.limits.max_image_pixels)
         """the cost model of /generate (inference/admission.py)"""
         self.limits.validate()
-        self.image_budget = MemoryBudget(self.limits.memory_budget_bytes)
-        self.fair = FairQueue(engine.submit, self.limits.engine_window or engine.max_batch_size)
+        self.image_budget = MemoryBudget(self.limits.memory_budget_bytes, self.limits.client_budget_share)
+        self.fair = FairQueue(engine.submit, self.limits.engine_window or engine.max_batch_size, first_always=True)
+        """prepared prompts into the engine, round-robin over clients"""
+        engine.light_client_prompts = self.limits.light_client_prompts
+        self._prep_threads = ThreadPoolExecutor(self.limits.prep_workers, thread_name_prefix="prepare")
+        self.prep = FairQueue(self._start_prep, self.limits.prep_workers, per_client=1)
+        """prompts waiting for a preparation thread, one of a client at a time, round-robin over clients"""
+        self._abort_epoch = 0
+        """counts aborts of all requests: a request prepared across one is answered as aborted"""
         self._tokens_for = image_token_counter(engine)
         self.policy = policy or ServerPolicy()
         self.weight_sync_timeout_s = weight_sync_timeout_s
@@ -202,6 +228,8 @@ class InferenceServer:
     async def _on_shutdown(self, app: web.Application) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        self._abort_preparing("server shutting down")
+        self._prep_threads.shutdown(wait=False, cancel_futures=True)
         await self._run(self.engine.stop)
         self.receiver.close()
 
@@ -212,24 +240,92 @@ class InferenceServer:
         cost = await asyncio.to_thread(
             assess, req, self.limits, image_token_id=self.engine.adapter.image_token_id,
             tokens_for=self._tokens_for, image_size_of=lambda im: image_size(image_bytes(im)))
-        self.image_budget.reserve(cost.reserve_bytes)
+        client = self._client_of(request)
+        self.image_budget.reserve(cost.reserve_bytes, client)
         try:
-            return await self._generate(req, request)
+            return await self._generate(req, request, client)
         finally:
-            self.image_budget.release(cost.reserve_bytes)
+            self.image_budget.release(cost.reserve_bytes, client)
 
     def _client_of(self, request: web.Request) -> str:
         peer = request.transport.get_extra_info("peername") if request.transport else None
         return request.headers.get("X-Client-Id") or (f"{peer[0]}:{peer[1]}" if peer else "?")
 
-    async def _generate(self, req: GenerateRequest, request: web.Request) -> web.StreamResponse:
+    # preparation: each prompt a job on the preparation threads, taken round-robin over clients
+    def _start_prep(self, job: _PrepJob) -> None:
+        loop = asyncio.get_running_loop()
+
+        def landed(f: Future) -> None:
+            if not job.done.done():
+                e = f.exception()
+                job.done.set_exception(e) if e is not None else job.done.set_result(f.result())
+            self.prep.done(job.client)
+
+        try:
+            fut = self._prep_threads.submit(job.run)
+        except RuntimeError:  # shutting down
+            job.done.cancel()
+            self.prep.done(job.client)
+            return
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(landed, f))
+
+    def _abort_queued(self, message: str) -> None:
+        """Before an abort of all requests: prompts still being prepared end as aborted; queued ones
+        go into the engine, where the abort finds them."""
+        self._abort_preparing(message)
+        self.fair.flush()
+
+    def _abort_preparing(self, message: str) -> None:
+        """An abort of all requests: requests being prepared are answered as aborted, jobs not started
+        are dropped."""
+        self._abort_epoch += 1
+        for job in self.prep.drop(self.prep.all_pending()):
+            if not job.done.done():
+                job.done.set_exception(PreparationAborted(message))
+
+    async def _prepare(self, client: str, singles: list[GenerateRequest], dones: list[Callable[[EngineResult], None]],
+                       on_token: Callable[[EngineRequest], None] | None, is_batch: bool) -> list[EngineRequest]:
+        """Every prompt of a request prepared (all or nothing: a bad prompt drops the rest)."""
+        loop = asyncio.get_running_loop()
+        memo: dict = {}  # this request only: prompts sharing images share one decoded copy
+
+        def run(one: GenerateRequest, on_done: Callable[[EngineResult], None]) -> EngineRequest:
+            token = IMAGE_MEMO.set(memo)
+            try:
+                er = self.engine.prepare(one, on_done, on_token)
+            finally:
+                IMAGE_MEMO.reset(token)  # the thread keeps no image of this request
+            er.client = client
+            return er
+
+        jobs = [_PrepJob(client, functools.partial(run, one, d), loop.create_future())
+                for one, d in zip(singles, dones, strict=True)]
+        self.prep.push(client, jobs)
+        out: list[EngineRequest] = []
+        try:
+            for i, job in enumerate(jobs):
+                try:
+                    out.append(await job.done)
+                except ProtocolError as e:
+                    raise ProtocolError(f"prompt {i}: {e}" if is_batch else str(e)) from None
+        finally:
+            if len(out) < len(jobs):
+                self.prep.drop(jobs)
+        return out
+
+    def _aborted_results(self, singles: list[GenerateRequest], message: str) -> list[EngineResult]:
+        return [EngineResult(rid=one.rid or "", prompt_tokens=0, output_ids=[], logprobs=[], versions=[],
+                             finish_reason=finish_reason("abort", message=message),
+                             weight_version=self.engine.weight_version, latency_s=0.0) for one in singles]
+
+    async def _generate(self, req: GenerateRequest, request: web.Request, client: str) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         singles = req.split()
         dones: list[asyncio.Future[EngineResult]] = [loop.create_future() for _ in singles]
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if req.stream else None
 
         def finished(fut: asyncio.Future[EngineResult], res: EngineResult) -> None:
-            self.fair.done()  # a window slot is free: the next client's prompt goes in
+            self.fair.done(client)  # a window slot is free: the next client's prompt goes in
             if not fut.done():
                 fut.set_result(res)
 
@@ -240,21 +336,19 @@ class InferenceServer:
             snap = {"output_ids": list(r.output_ids), "logprobs": list(r.logprobs), "versions": list(r.versions)}
             loop.call_soon_threadsafe(updates.put_nowait, snap)
 
-        def prepare_all() -> list[EngineRequest]:  # all or nothing: a bad prompt submits none of the batch
-            memo = IMAGE_MEMO.set({})  # this request only: prompts sharing images share one decoded copy
-            out = []
-            try:
-                for i, (one, fut) in enumerate(zip(singles, dones, strict=True)):
-                    try:
-                        out.append(self.engine.prepare(one, on_done_for(fut), on_token if req.stream else None))
-                    except ProtocolError as e:
-                        raise ProtocolError(f"prompt {i}: {e}" if req.is_batch else str(e)) from None
-            finally:
-                IMAGE_MEMO.reset(memo)  # the worker thread keeps no image of this request
-            return out
-
-        ereqs = await self._run(prepare_all)
-        self.fair.push(self._client_of(request), ereqs)  # round-robin over clients into the engine
+        epoch = self._abort_epoch
+        try:
+            ereqs = await self._prepare(client, singles, [on_done_for(f) for f in dones],
+                                        on_token if req.stream else None, req.is_batch)
+            if self._abort_epoch != epoch:
+                raise PreparationAborted("aborted while being prepared")
+        except PreparationAborted as e:
+            results = self._aborted_results(singles, str(e))
+            if req.stream:
+                return await self._stream_final(request, self._generate_body(singles[0], results[0]))
+            bodies = [self._generate_body(one, r) for one, r in zip(singles, results, strict=True)]
+            return web.json_response(bodies if req.is_batch else bodies[0])
+        self.fair.push(client, ereqs)  # round-robin over clients into the engine
         try:
             if req.stream:
                 return await self._stream(singles[0], ereqs[0], request, dones[0], updates)
@@ -265,6 +359,14 @@ class InferenceServer:
             for er in [er for er in ereqs if id(er) not in dropped]:
                 await self._run(lambda rid=er.rid: self.engine.abort(rid=rid, message="client disconnected"))
             raise
+
+    @staticmethod
+    async def _stream_final(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode())
+        await resp.write_eof()
+        return resp
 
     async def _stream(self, req, ereq, request, done, updates) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -311,7 +413,7 @@ class InferenceServer:
     async def pause_generation(self, req, request) -> web.Response:
         n = 0
         if req.mode == "abort":
-            self.fair.flush()  # queued prompts are aborted with the rest
+            self._abort_queued("aborted by pause_generation")  # queued prompts are aborted with the rest
             n = await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by pause_generation"))
         await self._run(self.engine.pause)
         return web.json_response(ok(f"paused ({req.mode}); {n} aborted", **self.engine.load_info()))
@@ -327,7 +429,10 @@ class InferenceServer:
     async def abort_request(self, req, request) -> web.Response:
         if not req.rid and not req.abort_all:  # SGLang ignores it too (200, nothing aborted)
             return web.json_response(ok("no rid and no abort_all: nothing aborted", n_aborted=0))
-        self.fair.flush(None if req.abort_all or not req.rid else lambda er: er.rid == req.rid)
+        if req.abort_all:
+            self._abort_queued("aborted by abort_request")
+        else:
+            self.fair.flush(lambda er: er.rid == req.rid)
         n = await self._run(lambda: self.engine.abort(rid=req.rid or None, abort_all=req.abort_all))
         return web.json_response(ok(f"aborted {n} request(s)", n_aborted=n))
 
@@ -369,6 +474,8 @@ class InferenceServer:
                 return n
 
         async with self._weights_lock:
+            if req.abort_all_requests:
+                self._abort_queued("aborted for a weight update")
             t0 = time.perf_counter()
             try:
                 nbytes = await self._run(work)
@@ -398,6 +505,8 @@ class InferenceServer:
             return n
 
         async with self._weights_lock:
+            if req.abort_all_requests:
+                self._abort_queued("aborted for a weight update")
             t0 = time.perf_counter()
             try:
                 nbytes = await self._run(work)
@@ -428,6 +537,8 @@ class InferenceServer:
                 return n
 
         async with self._weights_lock:
+            if req.abort_all_requests:
+                self._abort_queued("aborted for a weight update")
             n = await self._run(work)
         return web.json_response(ok(f"loaded {n} tensors from {req.model_path}",
                                     weight_version=self.engine.weight_version, num_paused_requests=0))
@@ -445,7 +556,7 @@ class InferenceServer:
 
     async def update_weight_version(self, req, request) -> web.Response:
         if req.abort_all_requests:
-            self.fair.flush()
+            self._abort_queued("aborted by update_weight_version")
             await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by update_weight_version"))
         self.engine.weight_version = req.new_version
         return web.json_response(ok(f"weight version is now {req.new_version}", new_version=req.new_version))
@@ -490,7 +601,10 @@ class InferenceServer:
             **e.load_info(),
             "admission": {"image_budget_bytes": self.image_budget.total, "image_reserved_bytes": self.image_budget.reserved,
                           "image_reserved_peak_bytes": self.image_budget.peak, "refused": self.image_budget.refused,
-                          "queued_prompts": self.fair.pending, "engine_window": self.fair.window},
+                          "queued_prompts": self.fair.pending, "engine_window": self.fair.window,
+                          "in_engine_prompts": self.fair.in_engine, "preparing_prompts": self.prep.pending + self.prep.in_engine,
+                          "client_image_budget_bytes": self.image_budget.client_total,
+                          "light_client_prompts": self.engine.light_client_prompts},
             "stats": dict(e.stats),
         })
 
@@ -525,6 +639,12 @@ def serve_main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read the API key: {e}", file=sys.stderr)
         return 2
+    try:  # before the model is loaded: a bad limit costs nothing
+        limits = cost_limits(getattr(args, "cost", None) or [], os.environ.get(COST_ENV, ""),
+                             max_image_pixels=getattr(args, "max_image_pixels", RequestLimits.max_image_pixels))
+    except ValueError as e:
+        print(f"bad cost limits: {e}", file=sys.stderr)
+        return 2
     from asyncwebrl.inference.graph_engine import make_engine
 
     engine = make_engine(
@@ -542,7 +662,7 @@ def serve_main(args: argparse.Namespace) -> int:
                                   max_image_pixels=getattr(args, "max_image_pixels", RequestLimits.max_image_pixels))
     engine.start()
     server_args = {k: v for k, v in vars(args).items() if k not in ("func", "api_key", "api_key_file")}
-    srv = InferenceServer(engine, policy=policy, server_args=server_args,
+    srv = InferenceServer(engine, policy=policy, server_args=server_args, limits=limits,
                           weight_sync_timeout_s=float(getattr(args, "weight_sync_timeout", None)
                                                       or os.environ.get("ASYNCWEBRL_WEIGHT_SYNC_TIMEOUT_S", 120)))
     if getattr(args, "parent_pid", None):
@@ -552,6 +672,24 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
+
+
+COST_ENV = "ASYNCWEBRL_COST_LIMITS"
+"""cost limits a launcher hands a server: space-separated KEY=VALUE (the keys of `CostLimits`)"""
+
+
+def cost_limits(overrides: list[str], env: str = "", **defaults: Any) -> CostLimits:
+    """`CostLimits` from `defaults`, then $ASYNCWEBRL_COST_LIMITS (`env`), then `--cost KEY=VALUE`
+    flags; ValueError (naming the key) for an unknown key, a wrong type or an impossible value."""
+    from asyncwebrl.configtree import build, parse_override
+
+    data: dict[str, Any] = dict(defaults)
+    for text in env.split() + list(overrides):
+        key, value = parse_override(text)
+        if len(key) != 1:
+            raise ValueError(f"cost limit '{text}': give KEY=VALUE with a key of CostLimits")
+        data[key[0]] = value
+    return build(CostLimits, data, prefix="cost.")
 
 
 def watch_parent(parent_pid: int, every_s: float = 1.0) -> threading.Thread:

@@ -20,8 +20,10 @@ from PIL import Image
 from asyncwebrl.inference.admission import CostLimits, FairQueue, MemoryBudget, Refused
 
 MiB = 1024 * 1024
-LIMITS = CostLimits(max_images=8, max_request_pixels=8 * MiB, bytes_per_pixel=32, memory_budget_bytes=96 * MiB)
-"""the module server's limits: 96 MiB of decoded images at 32 bytes a pixel = 3 Mpx in flight"""
+LIMITS = CostLimits(max_images=8, max_request_pixels=8 * MiB, bytes_per_pixel=32, memory_budget_bytes=96 * MiB,
+                    client_budget_share=1.0)
+"""the module server's limits: 96 MiB of decoded images at 32 bytes a pixel = 3 Mpx in flight, all of it
+open to one client (the client share has its own test)"""
 
 
 def png_b64(w: int, h: int, noise: bool = False) -> str:
@@ -220,9 +222,24 @@ def test_unit_fair_queue_and_budget():
     q.push("a", [f"a{i}" for i in range(5)])
     q.push("b", ["b0", "b1"])
     assert got == ["a0", "a1"]
-    for _ in range(5):
-        q.done()
+    for item in ["a0", "a1", "a2", "b0", "a3"]:
+        q.done(item[0])
     assert got[:6] == ["a0", "a1", "a2", "b0", "a3", "b1"]
+    # the engine's queue: a client with nothing in gets its first prompt in past the window
+    got.clear()
+    q = FairQueue(got.append, window=2, first_always=True)
+    q.push("a", ["a0", "a1", "a2"])
+    q.push("b", ["b0", "b1"])
+    assert got == ["a0", "a1", "b0"] and q.in_engine == 3
+    # the preparation threads: one job of a client at a time
+    got.clear()
+    q = FairQueue(got.append, window=2, per_client=1)
+    q.push("a", ["a0", "a1"])
+    assert got == ["a0"]
+    q.push("b", ["b0"])
+    assert got == ["a0", "b0"]
+    q.done("a")
+    assert got == ["a0", "b0", "a1"]
     b = MemoryBudget(100)
     b.reserve(60)
     with pytest.raises(Refused) as e:
