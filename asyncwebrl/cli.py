@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="pixels of one image")
     s.add_argument("--cost", action="append", default=[], metavar="KEY=VALUE",
                    help="a cost limit of /generate (keys of inference.cost: max_prompts, memory_budget_bytes, "
-                        "shared_client_rows, ...; repeatable; after $ASYNCWEBRL_COST_LIMITS)")
+                        "light_client_prompts, ...; repeatable; after $ASYNCWEBRL_COST_LIMITS)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     s.add_argument("--max-batch-size", type=int, default=32)

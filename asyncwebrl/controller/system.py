@@ -151,7 +151,8 @@ def _server_kwargs(cfg: RunConfig, run: RunDir, model: str, backend: str, api_ke
                 max_batch_size=cfg.inference.max_batch_size, max_context_len=cfg.inference.max_context_len,
                 log_dir=run.root / "logs", startup_timeout=cfg.inference.startup_timeout_s, host=cfg.inference.host,
                 cpu_threads=budget.server_threads, weight_sync_timeout_s=cfg.inference.weight_sync_timeout_s,
-                weights_roots=[str(Path(run.root) / "checkpoints")], trainer_addresses=list(trainer_addresses))
+                weights_roots=[str(Path(run.root) / "checkpoints")], trainer_addresses=list(trainer_addresses),
+                env=cfg.inference.cost.as_env())
 
 
 def build_system(cfg: RunConfig, run: RunDir, resume_version: int = 0) -> System:

@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from typing import Any
 from asyncwebrl.protocol import GenerateRequest, ProtocolError
 
 MiB = 1024 * 1024
+COST_ENV = "ASYNCWEBRL_COST_LIMITS"
+"""cost limits a launcher hands a server: space-separated KEY=VALUE (the keys of `CostLimits`)"""
 
 
 @dataclass(kw_only=True)
@@ -66,6 +69,10 @@ class CostLimits:
     """a client with at most this many prompts in the engine is light: while a light client has prompts
     there, heavier clients' rows are set aside (KV kept, not decoded) and only light clients' prompts
     are admitted (0 = off). The plain (CPU) engine only: there every row adds to each step's time"""
+
+    def as_env(self) -> dict[str, str]:
+        """These limits as the environment a launcher gives a server process ($ASYNCWEBRL_COST_LIMITS)."""
+        return {COST_ENV: " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))}
 
     def validate(self) -> None:
         for name in ("max_prompts", "max_images", "max_image_pixels", "max_request_pixels", "bytes_per_pixel",

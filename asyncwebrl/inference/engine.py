@@ -21,7 +21,8 @@ Invariants:
 - light clients go first (`light_client_prompts`): a client with at most that many requests in the
   engine is light; while a light client has requests in it, the running rows of heavier clients are
   set aside with their KV cache (not decoded, nothing recomputed) and only light clients' requests
-  are admitted; the rows rejoin the batch once no light client is left. On a CPU every row adds to
+  are admitted; the rows rejoin the batch once no light client has had a request there for
+  `LIGHT_GRACE_S`. On a CPU every row adds to
   each step's time, so one client's big batch would otherwise slow every small request by its size.
 """
 
@@ -46,6 +47,10 @@ from asyncwebrl.models.vlm import VLMAdapter, decode_image, load_model
 from asyncwebrl.protocol import GenerateRequest, ProtocolError, SamplingParams, finish_reason
 
 log = logging.getLogger(__name__)
+
+LIGHT_GRACE_S = 0.5
+"""set-aside rows rejoin the batch once no light client has had a request in the engine for this long:
+a light client's next request (an episode's next step) then finds no heavy step in progress"""
 
 IMAGE_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("image_memo", default=None)
 """Set by the server around the prepare of one request: prompts of that request with the same images
@@ -160,6 +165,8 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.light_client_prompts = 0
         """a client with at most this many requests in the engine goes before heavier ones (0 = off)"""
+        self._light_seen = 0.0
+        """when a light client last had a request in the engine while a heavy one waited"""
         self.family = self.adapter.model_family
         self.eos_ids = set(self.adapter.eos_token_ids)
         self.weight_version = str(weight_version)
@@ -381,10 +388,8 @@ class HFEngine:
         torch.set_grad_enabled(False)
         while True:
             with self._cond:
-                while not self._stopped and (
-                    self._paused or self._lock_waiters or not (self._waiting or self._batch.reqs or self._aside.reqs)
-                ):
-                    self._cond.wait(timeout=1.0)
+                while not self._stopped and (self._paused or self._lock_waiters or self._idle()):
+                    self._cond.wait(timeout=LIGHT_GRACE_S / 2 if self._aside.reqs else 1.0)
                 if self._stopped:
                     return
             with self.lock:
@@ -404,6 +409,12 @@ class HFEngine:
                         r.finish = finish_reason("abort", message=f"engine error: {type(e).__name__}: {e}")
                         self._deliver(r)
                 self._maybe_trim()
+
+    def _idle(self) -> bool:
+        """Nothing to do now (call with `_cond` held): set-aside rows alone wait out `LIGHT_GRACE_S`."""
+        if self._waiting or self._batch.reqs:
+            return False
+        return not self._aside.reqs or time.monotonic() - self._light_seen <= LIGHT_GRACE_S
 
     def _maybe_trim(self) -> None:
         """Hand freed heap back to the OS: KV caches of changing shapes leave glibc arenas holding
@@ -434,14 +445,16 @@ class HFEngine:
             return
         with self._cond:
             heavy = self._heavy_clients()
+        now = time.monotonic()
         if heavy:
+            self._light_seen = now
             b = self._batch
             over = [i for i, r in enumerate(b.reqs) if r.client in heavy and r.finish is None]
             if over:
                 self._aside = self._concat(self._aside, self._select(b, over))
                 self._batch = self._select(b, [i for i in range(len(b)) if i not in set(over)])
                 self.stats["set_aside"] += len(over)
-        elif self._aside.reqs and len(self._batch) < self.max_batch_size:
+        elif self._aside.reqs and len(self._batch) < self.max_batch_size and now - self._light_seen > LIGHT_GRACE_S:
             n = min(len(self._aside), self.max_batch_size - len(self._batch))
             a = self._aside
             self._batch = self._concat(self._batch, self._select(a, list(range(n))))

@@ -50,6 +50,7 @@ from aiohttp import web
 
 from asyncwebrl import httpguard, net
 from asyncwebrl.inference.admission import (
+    COST_ENV,
     CostLimits,
     FairQueue,
     MemoryBudget,
@@ -634,16 +635,16 @@ def serve_main(args: argparse.Namespace) -> int:
     if getattr(args, "backend", "hf") != "hf":
         print(f"backend '{args.backend}' is served by its own launcher (see sglang_launcher)", file=sys.stderr)
         return 2
-    try:
-        policy, key_file = policy_from_args(args, args.port)
-    except (OSError, ValueError) as e:
-        print(f"cannot read the API key: {e}", file=sys.stderr)
-        return 2
-    try:  # before the model is loaded: a bad limit costs nothing
+    try:  # before the key or the model: a bad limit costs nothing
         limits = cost_limits(getattr(args, "cost", None) or [], os.environ.get(COST_ENV, ""),
                              max_image_pixels=getattr(args, "max_image_pixels", RequestLimits.max_image_pixels))
     except ValueError as e:
         print(f"bad cost limits: {e}", file=sys.stderr)
+        return 2
+    try:
+        policy, key_file = policy_from_args(args, args.port)
+    except (OSError, ValueError) as e:
+        print(f"cannot read the API key: {e}", file=sys.stderr)
         return 2
     from asyncwebrl.inference.graph_engine import make_engine
 
@@ -672,10 +673,6 @@ def serve_main(args: argparse.Namespace) -> int:
     print(f"hf server for {engine.model_path} on http://{args.host}:{args.port}", flush=True)
     web.run_app(srv.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
-
-
-COST_ENV = "ASYNCWEBRL_COST_LIMITS"
-"""cost limits a launcher hands a server: space-separated KEY=VALUE (the keys of `CostLimits`)"""
 
 
 def cost_limits(overrides: list[str], env: str = "", **defaults: Any) -> CostLimits:

@@ -250,3 +250,79 @@ def test_unit_fair_queue_and_budget():
     assert e.value.status == 413
     b.release(60)
     b.reserve(100)
+
+
+# ---- the refresh bracket ---------------------------------------------------------------------------
+
+def _batch_in_thread(srv, n: int, client: str) -> tuple[threading.Thread, list]:
+    out: list = []
+    body = {"input_ids": [[1, 2, 3, 4]] * n, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+    t = threading.Thread(target=lambda: out.append(post(srv, body, timeout=120, client=client)))
+    t.start()
+    return t, out
+
+
+def _wait_queued(srv) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        a = get(srv, "/server_info")[1]["admission"]
+        if a["queued_prompts"] > 0:
+            return a
+        assert time.monotonic() < deadline, f"the batch never queued: {a}"
+        time.sleep(0.05)
+
+
+def test_a_pause_in_place_holds_queued_prompts_and_they_run_after_continue(srv):
+    assert control(srv, "/pause_generation", {"mode": "in_place"}) == 200
+    try:
+        t, out = _batch_in_thread(srv, 10, "batcher")
+        a = _wait_queued(srv)
+        assert a["in_engine_prompts"] == srv.engine.max_batch_size  # the window is full, the rest queued
+    finally:
+        assert control(srv, "/continue_generation", {}) == 200
+    t.join(120)
+    status, answers = out[0]
+    assert status == 200 and [x["meta_info"]["finish_reason"]["type"] for x in answers] == ["length"] * 10
+
+
+def test_a_pause_that_aborts_ends_queued_and_preparing_prompts_and_leaves_the_queues_empty(srv):
+    assert control(srv, "/pause_generation", {"mode": "in_place"}) == 200
+    try:
+        t, out = _batch_in_thread(srv, 10, "batcher")
+        _wait_queued(srv)
+        assert control(srv, "/pause_generation", {"mode": "abort"}) == 200
+        t.join(60)
+        status, answers = out[0]
+        assert status == 200 and [x["meta_info"]["finish_reason"]["type"] for x in answers] == ["abort"] * 10
+        a = get(srv, "/server_info")[1]["admission"]
+        assert (a["queued_prompts"], a["in_engine_prompts"], a["preparing_prompts"]) == (0, 0, 0), a
+    finally:
+        assert control(srv, "/continue_generation", {}) == 200
+    status, answer = post(srv, {"input_ids": [1, 2, 3], "sampling_params": SMALL}, client="batcher")
+    assert status == 200 and answer["meta_info"]["finish_reason"]["type"] != "abort"
+
+
+def test_one_client_holds_at_most_its_share_of_the_image_budget():
+    b = MemoryBudget(100, client_share=0.5)
+    b.reserve(50, "a")
+    with pytest.raises(Refused) as e:
+        b.reserve(1, "a")
+    assert e.value.status == 429 and "this client's share" in str(e.value)
+    b.reserve(50, "b")  # another client finds the other half
+    with pytest.raises(Refused) as e:
+        b.reserve(51, "c")
+    assert e.value.status == 413
+    b.release(50, "a")
+    b.reserve(50, "a")
+
+
+def test_the_run_configs_cost_limits_reach_a_server_through_its_environment():
+    """inference.cost.* overrides -> the launcher's $ASYNCWEBRL_COST_LIMITS -> the server's limits."""
+    from asyncwebrl.configtree import build
+    from asyncwebrl.inference.admission import COST_ENV
+    from asyncwebrl.inference.config import InferenceConfig
+    from asyncwebrl.inference.server import cost_limits
+
+    cfg = build(InferenceConfig, {"cost": {"max_prompts": 8, "client_budget_share": 0.25}}, prefix="inference.")
+    assert cost_limits([], cfg.cost.as_env()[COST_ENV]) == cfg.cost
+    assert cost_limits(["max_prompts=4"], cfg.cost.as_env()[COST_ENV]).max_prompts == 4  # --cost comes last
