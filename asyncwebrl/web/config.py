@@ -117,7 +117,16 @@ class EnvConfig:
     headless_shell: str = "/usr/lib/chromium/chromium-headless-shell"
     """path of the Chromium binary Playwright launches"""
     action_settle_ms: float = 0.0
-    """pause after each executed action before observing (for pages that animate)"""
+    """fixed pause after each action before observing, on top of the settle wait below"""
+    settle_quiet_ms: float = 50.0
+    """the page counts as settled (and is observed) once no finite animation or transition runs and the
+    DOM has not changed for this long, counted from the action too: a datepicker that slides in is
+    observed open, not half-way"""
+    settle_type_quiet_ms: float = 350.0
+    """the quiet window after a typing action: a widget that answers typing after a debounce (jQuery
+    UI's autocomplete waits 300 ms) shows its menu in the observation"""
+    settle_max_ms: float = 1000.0
+    """cap of the settle wait after an action or a reset, whatever the page does (0 = observe at once)"""
     wait_action_s: float = 0.2
     """how long a Wait action waits"""
     vlm_judge_url: str | None = None
@@ -161,6 +170,11 @@ class EnvConfig:
             raise ValueError("env.episode_time_limit_s must be > 0")
         if self.action_settle_ms < 0 or self.wait_action_s < 0:
             raise ValueError("env.action_settle_ms and env.wait_action_s must be >= 0")
+        if min(self.settle_quiet_ms, self.settle_type_quiet_ms, self.settle_max_ms) < 0:
+            raise ValueError("env.settle_quiet_ms, env.settle_type_quiet_ms and env.settle_max_ms must be >= 0")
+        if self.settle_max_ms / 1000 >= self.step_timeout_s:
+            raise ValueError(f"env.settle_max_ms ({self.settle_max_ms}) must be below env.step_timeout_s "
+                             f"({self.step_timeout_s} s): a page that never settles would miss every step deadline")
         if self.synthetic_replay_dir is not None and self.type == "synthetic":
             folder = Path(self.synthetic_replay_dir)
             if not folder.is_dir() or not any(folder.glob("*.png")):

@@ -28,6 +28,8 @@ from asyncwebrl.web.observe import (
     clean_elements,
     draw_set_of_marks,
     observation_key,
+    settle,
+    settle_quiet_ms,
     take_screenshot,
 )
 from asyncwebrl.web.pageread import PageReadError
@@ -188,6 +190,7 @@ class MiniWoBEnv:
             s.take_navigations()
             s.episodes += 1
             self.task, self._done, self.steps, self._observations = task, False, 0, 0
+            await settle(s.page, self.cfg.settle_quiet_ms, self.cfg.settle_max_ms, "WOB_DONE_GLOBAL")
             obs, _ = await self._observe()
             self._last_png = obs.screenshot
         except EnvCrashed:
@@ -236,6 +239,8 @@ class MiniWoBEnv:
                 executed, info = False, {"error": "a MiniWoB task is a single page: there is nothing to go back to"}
             else:
                 executed, info = await act(s.page, action, self._elements, self.cfg, episode_done=self._done)
+            if executed and not self._done:
+                await settle(s.page, settle_quiet_ms(self.cfg, action), self.cfg.settle_max_ms, "WOB_DONE_GLOBAL")
             if action is not None and not self._done and self.cfg.action_settle_ms > 0:
                 await asyncio.sleep(self.cfg.action_settle_ms / 1000)
             obs, state = await self._observe()

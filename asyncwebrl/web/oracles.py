@@ -106,6 +106,59 @@ def _click_option(obs: Observation) -> str:
     return _click(_find(obs.elements, name="Submit", role="button"))
 
 
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December"]
+
+
+def _choose_date(obs: Observation) -> str:
+    """Open the datepicker, walk its months with the Prev / Next arrows, click the day, submit."""
+    m = re.search(r"(\d\d)/(\d\d)/(\d{4})", obs.instruction)
+    if not m:
+        return "Wait"
+    month, day, year = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    box = _find(obs.elements, role="textbox")
+    if box is not None and box["name"] == m.group(0):
+        return _click(_find(obs.elements, name="Submit", role="button"))
+    days = [e for e in obs.elements if re.fullmatch(r"\d{1,2} [A-Z][a-z]+ \d{4}", e["name"])]
+    if not days:
+        return _click(box)
+    _, shown_month, shown_year = days[0]["name"].split(" ")
+    shown = int(shown_year) * 12 + _MONTHS.index(shown_month)
+    want = year * 12 + month - 1
+    if shown != want:
+        return _click(_find(obs.elements, name="Prev" if shown > want else "Next"))
+    return _click(_find(obs.elements, name=f"{day} {_MONTHS[month - 1]} {year}"))
+
+
+def _use_autocomplete(obs: Observation) -> str:
+    """Type the prefix, pick the menu item that matches the whole ask, submit."""
+    parts = re.findall(r'"([^"]*)"', obs.instruction)
+    prefix, suffix = (parts + ["", ""])[:2]
+
+    def fits(name: str) -> bool:
+        return name.lower().startswith(prefix.lower()) and name.lower().endswith(suffix.lower())
+
+    box = _find(obs.elements, role="textbox")
+    if box is not None and box.get("value") and fits(box["value"]):
+        return _click(_find(obs.elements, name="Submit", role="button"))
+    item = next((e for e in obs.elements if e is not box and e["role"] != "button" and fits(e["name"])), None)
+    if item is not None:
+        return _click(item)
+    return f"type [{box['id']}] [{prefix}]" if box else "Wait"
+
+
+def _click_scroll_list(obs: Observation) -> str:
+    """Set the whole selection of the multi-select list, submit."""
+    m = re.match(r"Select (.*) from the scroll list and click Submit", obs.instruction)
+    wanted = [w.strip() for w in m.group(1).split(",")] if m else []
+    lst = next((e for e in obs.elements if "options" in e), None)
+    if lst is None:
+        return "Wait"
+    if sorted(v for v in lst.get("value", "").split(" | ") if v) != sorted(wanted):
+        return f"select [{lst['id']}] [{' | '.join(wanted)}]"
+    return _click(_find(obs.elements, name="Submit", role="button"))
+
+
 ORACLES: dict[str, Callable[[Observation], str]] = {
     "click-test": _click_test,
     "click-test-2": _click_test_2,
@@ -119,6 +172,9 @@ ORACLES: dict[str, Callable[[Observation], str]] = {
     "enter-text": _enter_text,
     "click-checkboxes": _click_checkboxes,
     "click-option": _click_option,
+    "choose-date": _choose_date,
+    "use-autocomplete": _use_autocomplete,
+    "click-scroll-list": _click_scroll_list,
 }
 
 

@@ -48,6 +48,8 @@ from asyncwebrl.web.observe import (
     element_by_id,
     elements_expression,
     observation_key,
+    settle,
+    settle_quiet_ms,
     take_screenshot,
 )
 from asyncwebrl.web.pageread import PageReadError, predicate_expression
@@ -429,6 +431,7 @@ class WebGymEnv:
                     break
                 await asyncio.sleep(0.05)
         await self._wait_loaded()
+        await settle(self.session.page, settle_quiet_ms(self.cfg, action), self.cfg.settle_max_ms)
 
     async def _evaluate(self, ev: dict[str, Any], action: dict[str, Any], obs: Observation) -> tuple[bool, bool]:
         """(success, done) after an executed step."""

@@ -20,7 +20,7 @@ SESSIONS = 4
 async def run_oracle_episode(env: Env, task: Task) -> tuple[bool, int]:
     """One episode with the oracle's action text through env.step; (success, steps)."""
     obs = await env.reset(task)
-    for n in range(1, max(task.max_steps, 8) + 1):
+    for n in range(1, max(task.max_steps, 16) + 1):
         obs, res = await env.step(parse_action(oracle_action(task.task_id, obs)))
         if res.done:
             return res.success, n
