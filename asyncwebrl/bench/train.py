@@ -21,7 +21,7 @@ actor settings: what `make train` steps), `3b` (a random-init Qwen2.5-VL-3B shap
 One run writes bench/results/train.json (CPU) or train_gpu.json (CUDA) with every shape it ran.
 
 Knobs (key=value): shapes, n_samples, out_len, steps, mb_max_tokens, prox_mb_max_tokens, packing,
-recipe (auto | fp32 | mp | bf16), gradient_checkpointing, compile (actor.compile_layers), model (a folder, overrides the shape's),
+recipe (auto | fp32 | mp | bf16), gradient_checkpointing, compile (auto | 1 | 0: actor.compile_layers, auto = its default), model (a folder, overrides the shape's),
 out (result name), profile (one extra step, synchronized at phase boundaries, gives the time split;
 the timed steps never synchronize inside the step), trace (a torch.profiler table of that step's
 kernels, written beside the result).
@@ -48,7 +48,7 @@ H200_BF16_DENSE_TFLOPS = 989.0
 DEFAULTS: dict[str, Any] = {
     "shapes": "auto", "n_samples": 0, "out_len": 16, "steps": 2, "mb_max_tokens": 0, "prox_mb_max_tokens": 0,
     "packing": True, "recipe": "auto", "gradient_checkpointing": False, "model": "", "out": "", "profile": True,
-    "trace": False, "compile": False,
+    "trace": False, "compile": "auto",
 }
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -190,7 +190,7 @@ def _actor_config(shape: dict[str, Any], knobs: dict[str, Any], model: str, devi
 
     kw: dict[str, Any] = dict(path=model, lr=1e-5, packing=bool(knobs["packing"]),
                               gradient_checkpointing=bool(knobs["gradient_checkpointing"]),
-                              compile_layers=bool(knobs["compile"]))
+                              compile_layers=None if knobs["compile"] == "auto" else bool(knobs["compile"]))
     kw.update(shape["actor"])
     if knobs["mb_max_tokens"]:
         kw["mb_max_tokens"] = int(knobs["mb_max_tokens"])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -318,8 +319,10 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
     key = new_key()
     srv, sender, control = None, None, None
     try:
+        # its log in a scratch folder: a server that dies before it is healthy shows its last lines
         srv = launch_server(model=model_dir, device=dev, dtype=dtype, weight_sync_timeout_s=timeout_s, api_key=key,
-                            weights_roots=[model_dir], startup_timeout=timeout_s)
+                            weights_roots=[model_dir], startup_timeout=timeout_s,
+                            log_dir=tempfile.mkdtemp(prefix="awrl-weightsync-"))
         sender = SameDeviceSender(srv.address, key, device=dev, bucket_mb=bucket_mbs[0], timeout_s=timeout_s)
         sender.init_group()
         control = ControlChannel([srv.address], key, timeout_s)
@@ -390,7 +393,6 @@ def _disk(control: ControlChannel, urls: list[str], model_dir: str, device: str,
 
 def run(knobs: dict[str, Any], on_size=None) -> dict[str, Any]:
     """Every size in turn; `on_size(partial_result)` after each (so a long run keeps what it measured)."""
-    import tempfile
 
     sizes = [s.strip() for s in str(knobs["sizes"]).split(",") if s.strip()]
     for s in sizes:

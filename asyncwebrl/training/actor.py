@@ -67,7 +67,7 @@ from asyncwebrl.training.samples import (
 from asyncwebrl.weights.version import VersionDrift
 
 WRAP = "policy."
-VISION_CHUNK = 32
+VISION_CHUNK = 64
 """samples per vision-tower pass when one rank embeds a step's screenshots up front (`FSDPActor._images`)"""
 
 
@@ -183,7 +183,9 @@ class FSDPActor:
             enable_packing(hf)
             self.mrope = MRopeIndex(hf, self.adapter.image_token_id)
         self.embed_cache = ImageEmbeddingCache()
-        if cfg.compile_layers:
+        compile_layers = cfg.compile_layers if cfg.compile_layers is not None else (
+            self.device.type == "cuda" and not self.distributed)
+        if compile_layers:
             # in place, before any sharding: FSDP2 wraps the compiled layers as it would the eager ones
             for layer in _decoder_layers(hf):
                 layer.compile(dynamic=True)
@@ -193,6 +195,14 @@ class FSDPActor:
             # one SDPA over all windows of a pass instead of one per window (thousands per step)
             batch_vision_attention(hf)
         self.mixed_precision = cfg.mixed_precision if cfg.mixed_precision is not None else self.device.type == "cuda"
+        self.vision_dtype: torch.dtype | None = None
+        """the frozen tower's dtype when one rank holds it in the compute dtype (mixed precision): it has
+        no master weights to keep, and the servers run it in bf16 too; None = the parameters' dtype"""
+        if self.mixed_precision and not self.distributed and self.packing and self.n_frozen:
+            for p in hf.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(torch.bfloat16)
+            self.vision_dtype = torch.bfloat16
         self.module = PolicyWithLossHead(hf, cfg.temperature, entropy_grad=cfg.entropy_coef > 0,
                                          image_token_id=self.adapter.image_token_id)
         self.autocast = False
@@ -303,8 +313,11 @@ class FSDPActor:
         if not pairs:
             return
         base = getattr(self.hf, self.hf.base_model_prefix)
-        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        low = self.vision_dtype is not None  # a bf16 tower runs as it is, without autocast's casts
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast and not low):
             pv = torch.cat([im["pixel_values"] for _, im in pairs]).to(self.device, non_blocking=True)
+            if low:
+                pv = pv.to(self.vision_dtype)
             grid = torch.cat([im["image_grid_thw"] for _, im in pairs]).to(self.device, non_blocking=True)
             per_image = iter(image_features(base, pv, grid))
             for k, im in pairs:

@@ -31,10 +31,11 @@ class ActorConfig:
     """keep the vision tower and connector frozen (train the language model only)"""
     gradient_checkpointing: bool = False
     """activation checkpointing of decoder layers"""
-    compile_layers: bool = False
+    compile_layers: bool | None = None
     """`torch.compile` each language-model decoder layer (dynamic shapes, compiled once for all layers):
     fuses the norms, rotary embedding and gated activation that run as separate memory-bound kernels
-    in eager mode. Pays a compile of a minute or so at the first step; for long GPU runs"""
+    in eager mode, at the cost of a compile of a minute or so in the first step. None = on for a
+    trainer of one CUDA rank (the GPU recipe), off on CPU and across FSDP ranks (not measured there)"""
     cpu_threads: int = 0
     """torch threads of a CPU trainer rank (0 = every core; fewer leaves cores to rollout when they share a machine)"""
     lr: float = 1e-5
