@@ -48,11 +48,17 @@ if [ ! -f /tmp/awrl-model/.shape-$SHAPE ]; then  # a warm box keeps it from the 
   touch /tmp/awrl-model/.shape-$SHAPE
 fi
 echo "model ready after $(( $(date +%s) - T0 )) s"
-$PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
+# E2E_TIMEOUT (s, 0 = none) ends a half that runs too long; the newest run's timeline and metrics are
+# copied out either way, so a half that did not finish still shows how far it got and where its time went
+timeout ${E2E_TIMEOUT:-0} $PY -m asyncwebrl.cli bench e2e workload=web-shaped scheduler=local gpus=$GPUS model=/tmp/awrl-model steps=$STEPS \
   batch=8 n_samples=8 max_new_tokens=16 eta=1 out=${OUTNAME:-e2e-1gpu} modes=${MODES:-sync,async} mode_dir=${MODE_DIR:-} \
   fileroot=${FILEROOT:-/tmp/awrl-runs} \
   "extra=allocation_mode=hf[rollout]:d1|fsdp[actor]:d1;inference.mem_fraction_static=$SHARE;inference.dtype=bfloat16;actor.dtype=float32;actor.mixed_precision=true;actor.mb_max_tokens=${MB:-4096};env.synthetic_replay_dir=$SCREENS;inference.startup_timeout_s=300;inference.max_batch_size=64;inference.max_context_len=1024"
 [ -n "$MODE_DIR" ] && mkdir -p $OUTD/halves && cp $MODE_DIR/*.json $OUTD/halves/
 echo "e2e done after $(( $(date +%s) - T0 )) s"
-tail -n 30 ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/logs/*.log > $OUTD/servers.log 2>/dev/null
+RUN=$(ls -td ${FILEROOT:-/tmp/awrl-runs}/asyncwebrl/*/ 2>/dev/null | head -n 1)
+if [ -n "$RUN" ]; then
+  cp $RUN/timeline.jsonl $OUTD/timeline.jsonl 2>/dev/null; cp $RUN/metrics.jsonl $OUTD/metrics.jsonl 2>/dev/null
+  tail -n 30 $RUN/logs/*.log > $OUTD/servers.log 2>/dev/null
+fi
 true

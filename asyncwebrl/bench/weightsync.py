@@ -195,7 +195,7 @@ def make_model_folder(size: str, dtype: torch.dtype, out_dir: str,
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)
     model.save_pretrained(out_dir)
     src = Path(resolve_model_path(tokenizer))
-    for f in ("tokenizer.json", "tokenizer_config.json"):
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
         if (src / f).is_file():
             shutil.copyfile(src / f, Path(out_dir) / f)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
