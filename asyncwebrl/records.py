@@ -125,6 +125,8 @@ class TrainSample:
     """inline screenshots (object_store transport); None = fetch `pixel_keys` from the store"""
     prox_logprobs: list[float] | None = None
     """pi_prox logprobs (filled by the recompute pass)"""
+    ref_logprobs: list[float] | None = None
+    """the reference policy's logprobs (filled by the trainer's reference pass when the KL term is on)"""
     traj_id: str = ""
 
     @property

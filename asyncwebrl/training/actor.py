@@ -235,7 +235,11 @@ class FSDPActor:
             eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, use_decoupled_loss=cfg.use_decoupled_loss,
             behave_imp_weight_cap=cfg.behave_imp_weight_cap, behave_imp_weight_mode=cfg.behave_imp_weight_mode,
             entropy_coef=cfg.entropy_coef, entropy_target=cfg.entropy_target,
+            kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
         )
+        self.ref_module = self._reference() if cfg.kl_coef > 0 else None
+        """the frozen reference policy of the KL term: the model the run started from, a full copy on
+        every rank (no sharding: it is only ever run forward), in the compute dtype"""
         self.version = 0
         """the version of the weights held: 0, a checkpoint's, +1 per train_step (checked against the
         owner at each train_step the loop makes, see the module docstring)"""
@@ -323,9 +327,11 @@ class FSDPActor:
             for k, im in pairs:
                 self.embed_cache.embeds[k] = torch.cat([next(per_image) for _ in range(int(im["image_grid_thw"].shape[0]))])
 
-    def _forward(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]]):
+    def _forward(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]],
+                 module: nn.Module | None = None):
+        module = module if module is not None else self.module
         if self.packing:
-            return self._forward_packed(samples, images)
+            return self._forward_packed(samples, images, module)
         fb = build_forward_batch(self.adapter, samples, images)
         with self._phase("h2d"):
             inputs = {k: v.to(self.device, non_blocking=True) for k, v in fb.inputs.items()}
@@ -333,10 +339,10 @@ class FSDPActor:
                 inputs["pixel_values"] = inputs["pixel_values"].to(self.hf.dtype)
             rows, cols, targets = (t.to(self.device, non_blocking=True) for t in (fb.rows, fb.cols, fb.targets))
         with self._phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logp, entropy, _ = self.module(inputs, rows, cols, targets)
+            logp, entropy, _ = module(inputs, rows, cols, targets)
         return fb, logp, entropy
 
-    def _forward_packed(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]]):
+    def _forward_packed(self, samples: list[TrainSample], images: list[dict[str, torch.Tensor]], module: nn.Module):
         keys = [id(s) for s in samples]
         fb: ForwardBatch = build_forward_batch(self.adapter, samples, images, self.mrope, keys)
         image_keys = fb.packed.image_keys
@@ -357,11 +363,28 @@ class FSDPActor:
                 f = self.embed_cache.embeds[k] = f.clone()  # made in the pi_prox pass: usable in autograd now
             cached.append(f)
         with self._phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logp, entropy, feats = self.module({}, rows, cols, targets, packed=packed, cached_images=cached,
-                                               new_images=new)
+            logp, entropy, feats = module({}, rows, cols, targets, packed=packed, cached_images=cached,
+                                          new_images=new)
         for k, f in zip([k for k in image_keys if k in missing], feats, strict=True):
             self.embed_cache.embeds[k] = f
         return fb, logp, entropy
+
+    def _reference(self) -> PolicyWithLossHead:
+        """The KL term's reference: the starting model again, frozen, in the compute dtype (bf16 under
+        mixed precision), with the policy's attention path (packed or padded)."""
+        dtype = "bfloat16" if self.mixed_precision else self.cfg.dtype
+        ref = load_model(self.model_path, dtype, "cpu")
+        ref.config.use_cache = False
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        if self.packing:
+            enable_packing(ref)
+        if self.device.type == "cuda":
+            from asyncwebrl.models.vision_attention import batch_vision_attention
+
+            batch_vision_attention(ref)
+        module = PolicyWithLossHead(ref, self.cfg.temperature, image_token_id=self.adapter.image_token_id)
+        return module.to(self.device).eval()
 
     def _filler(self) -> tuple[list[TrainSample], list[dict[str, torch.Tensor]]]:
         pad = self.adapter.tokenizer.pad_token_id
@@ -388,25 +411,28 @@ class FSDPActor:
         finally:
             self.embed_cache.clear()
 
-    def _logprobs(self, samples: list[TrainSample], images_of: dict[int, dict[str, torch.Tensor]]) -> list[list[float]]:
+    def _logprobs(self, samples: list[TrainSample], images_of: dict[int, dict[str, torch.Tensor]],
+                  module: nn.Module | None = None) -> list[list[float]]:
         """The pi_prox pass: no autograd at all (inference mode on one rank; no_grad under FSDP, whose
         unsharded parameters must stay usable by the training passes), and micro-batches of
-        `prox_mb_max_tokens`, larger than the training ones since no activations are kept."""
+        `prox_mb_max_tokens`, larger than the training ones since no activations are kept. `module`: the
+        policy (default) or the frozen reference (the KL term's pass, the same way)."""
+        module = module if module is not None else self.module
         budget = self.cfg.prox_mb_max_tokens or 2 * self.cfg.mb_max_tokens
         mbs = self._index_micro_batches(samples, budget)
         out: list[list[float] | None] = [None] * len(samples)
         parts: list[tuple[list[int], list[int], torch.Tensor]] = []
-        was_training = self.module.training
-        self.module.eval()
+        was_training = module.training
+        module.eval()
         grad_off = torch.no_grad() if self.distributed else torch.inference_mode()
         try:
             with grad_off:
                 for mb in self._padded(mbs):
                     if mb is None:
-                        self._forward(*self._filler())
+                        self._forward(*self._filler(), module=module)
                         continue
                     mb_samples = [samples[i] for i in mb]
-                    fb, logp, _ = self._forward(mb_samples, [images_of[id(s)] for s in mb_samples])
+                    fb, logp, _ = self._forward(mb_samples, [images_of[id(s)] for s in mb_samples], module)
                     # kept on the device: one copy to the host at the end, not a synchronisation per
                     # micro-batch (the host packs the next micro-batch while the device runs this one)
                     parts.append((mb, fb.n_per_sample, logp.float()))
@@ -414,7 +440,7 @@ class FSDPActor:
                 for i, part in zip(mb, torch.split(logp.cpu(), n_per), strict=False):
                     out[i] = part.tolist()
         finally:
-            self.module.train(was_training)
+            module.train(was_training)
         return out  # type: ignore[return-value]
 
     def _train_passes(self, samples: list[TrainSample], images_of: dict[int, dict[str, torch.Tensor]]):
@@ -483,6 +509,11 @@ class FSDPActor:
             for s, lp in zip(flat, logprobs, strict=False):
                 s.prox_logprobs = lp
         t_prox = time.perf_counter() - t_prox
+        if self.ref_module is not None:
+            flat = [s for m in local for s in m]
+            with self._phase("reference"):
+                for s, lp in zip(flat, self._logprobs(flat, images_of, self.ref_module), strict=False):
+                    s.ref_logprobs = lp
 
         stats = PPOStats()
         grad_norms = []
@@ -502,7 +533,7 @@ class FSDPActor:
                 else:
                     prox = fb.prox.to(self.device)
                 loss, st = micro_batch_loss(logp, prox, behave, fb.advantages.to(self.device), entropy, self.ppo,
-                                            mini_tokens[j])
+                                            mini_tokens[j], fb.ref.to(self.device) if fb.ref is not None else None)
                 # FSDP averages gradients over ranks; the loss is a share of the GLOBAL sum, so undo it
                 with self._phase("backward"):
                     (loss * self.world_size).backward()

@@ -88,6 +88,11 @@ class ActorConfig:
     """with entropy_coef > 0: the bonus acts only on a micro-batch whose token-mean entropy is below this
     (a floor, c x max(0, target - H)); None = always (a plain bonus). Unbounded, the bonus overshoots:
     measured 2026-12-02 at entropy_coef 0.03, entropy 0.3 -> 1.4 and 69% unparsable actions by step 19"""
+    kl_coef: float = 0.0
+    """beta of the KL term to a frozen reference policy (the model the run started from, held by every
+    trainer rank in the compute dtype and run once more per step); 0 = off (ppo.py states the term)"""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """per-token estimator of the KL term: k1 (the log-ratio) or k3 (exp(d) - d - 1, never negative)"""
     group_adv_norm: bool = True
     """GRPO: normalize rewards within the n_samples rollouts of a task"""
     adv_std_norm: bool = True
@@ -159,6 +164,8 @@ class ActorConfig:
                 f"lr {self.lr:g} round away (measured: 0.66% of weights changed by a step). Use the GPU recipe "
                 "actor.dtype=float32 with actor.mixed_precision=true (bf16 compute, fp32 master weights; the "
                 "default on CUDA), or set actor.allow_low_precision_params=true to accept the lost updates")
+        if not self.kl_coef >= 0:
+            raise ValueError(f"actor.kl_coef must be >= 0, got {self.kl_coef}")
         if not self.entropy_coef >= 0:
             raise ValueError(f"actor.entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.entropy_target is not None and not self.entropy_target > 0:

@@ -17,7 +17,15 @@ position that predicts token t) completes the objective the trainer minimises:
     floor (entropy_target = H*):   the bonus of a micro-batch counts only while its own token-mean
                                    entropy is below H* (zero above it: no overshoot)
 
-This module holds every term of the loss: `micro_batch_loss` is what one micro-batch backpropagates.
+The optional KL term (`kl_coef` beta > 0) keeps the policy near a frozen reference pi_ref (the
+model the run started from), with ref_t = log pi_ref of token t (constant) and d_t = ref_t - logp_t:
+
+    k1_t = -d_t                        log-ratio; unbiased for KL(theta || ref), high variance
+    k3_t = exp(d_t) - d_t - 1          >= 0, unbiased, low variance (Schulman's k3)
+    L_total += beta * sum_t k_t / N_global
+
+So the whole objective is L_total = L - c * entropy term + beta * KL term, and
+`micro_batch_loss` is what one micro-batch backpropagates: every term of the loss is in this module.
 
 Invariant: `ppo_loss_sum` returns a SUM over the micro-batch's loss tokens, divided by the global token
 count the caller passes in; adding the values of every micro-batch on every rank gives L exactly, no
@@ -45,6 +53,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 PROX_METHODS = ("recompute", "loglinear", "metrics")
+KL_ESTIMATORS = ("k1", "k3")
 
 
 @dataclass(kw_only=True)
@@ -65,6 +74,10 @@ class PPOParams:
     """c of the entropy term (0 = none; the entropy is then a statistic only)"""
     entropy_target: float | None = None
     """with entropy_coef > 0: the term acts only on a micro-batch whose token-mean entropy is below this"""
+    kl_coef: float = 0.0
+    """beta of the KL term to the reference policy (0 = none)"""
+    kl_estimator: str = "k3"
+    """per-token estimator of the KL term: k1 or k3 (module doc)"""
 
 
 @dataclass
@@ -93,6 +106,10 @@ class PPOStats:
     """sum of |loglinear prox - recomputed prox| (prox_logp_method=metrics only)"""
     adv_sum: float = 0.0
     """sum of per-token advantages"""
+    kl_ref_sum: float = 0.0
+    """sum of the k3 estimate of KL(theta || ref) (reported whichever estimator the loss uses)"""
+    n_kl_tokens: float = 0.0
+    """tokens with a reference logprob (the KL term on)"""
     extra: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: PPOStats) -> None:
@@ -130,6 +147,7 @@ class PPOStats:
             "entropy": self.entropy_sum / n,
             "prox_approx_abs_err": self.prox_err_sum / n,
             "adv_mean": self.adv_sum / n,
+            **({"kl_ref": self.kl_ref_sum / max(self.n_kl_tokens, 1.0)} if self.n_kl_tokens else {}),
             **self.extra,
         }
 
@@ -220,6 +238,21 @@ def entropy_term_sum(entropy: torch.Tensor, params: PPOParams, global_n_tokens: 
     return -params.entropy_coef * entropy.sum() / max(float(global_n_tokens), 1.0)
 
 
+def kl_per_token(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
+    """k1 or k3 of each token (module doc); differentiable in logp, ref is a constant."""
+    d = ref.detach() - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k3":
+        return torch.expm1(d) - d
+    raise ValueError(f"unknown KL estimator {estimator!r}; one of {', '.join(KL_ESTIMATORS)}")
+
+
+def kl_term_sum(logp: torch.Tensor, ref: torch.Tensor, params: PPOParams, global_n_tokens: float) -> torch.Tensor:
+    """This micro-batch's share of the KL term: beta * sum_t k_t / N_global."""
+    return params.kl_coef * kl_per_token(logp, ref, params.kl_estimator).sum() / max(float(global_n_tokens), 1.0)
+
+
 def micro_batch_loss(
     logp: torch.Tensor,
     prox: torch.Tensor,
@@ -228,12 +261,21 @@ def micro_batch_loss(
     entropy: torch.Tensor,
     params: PPOParams,
     global_n_tokens: float,
+    ref: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PPOStats]:
-    """Everything one micro-batch backpropagates: its share of the PPO term plus the entropy term,
-    with the statistics of both (every generated token carries loss)."""
+    """Everything one micro-batch backpropagates: its share of the PPO term plus the entropy term and
+    (with `ref`, the reference policy's logprobs, and kl_coef > 0) the KL term, with the statistics
+    of each (every generated token carries loss)."""
     loss, stats = ppo_loss_sum(logp, prox, behave, advantages, torch.ones_like(behave, dtype=torch.bool), params,
                                global_n_tokens)
     if params.entropy_coef > 0:
         loss = loss + entropy_term_sum(entropy, params, global_n_tokens)
     stats.entropy_sum = float(entropy.detach().sum())
+    if params.kl_coef > 0:
+        if ref is None:
+            raise ValueError("kl_coef > 0 needs the reference policy's logprobs of the micro-batch")
+        loss = loss + kl_term_sum(logp, ref, params, global_n_tokens)
+        with torch.no_grad():
+            stats.kl_ref_sum = float(kl_per_token(logp.detach(), ref, "k3").sum())
+            stats.n_kl_tokens = float(ref.numel())
     return loss, stats

@@ -127,6 +127,8 @@ class ForwardBatch:
     advantages: torch.Tensor
     prox: torch.Tensor | None
     n_per_sample: list[int]
+    ref: torch.Tensor | None = None
+    """the reference policy's logprobs (the KL term), when every sample has them"""
     packed: PackedInputs | None = None
     """set for a packed micro-batch (`asyncwebrl.training.packing`): `inputs` is then empty, every loss
     token sits in row 0 and `cols` index the packed sequence"""
@@ -163,7 +165,7 @@ def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], images:
         inputs: dict[str, torch.Tensor] = {}
     else:
         inputs = adapter.collate(seqs, images)
-    rows, cols, targets, behave, versions, advs, prox = [], [], [], [], [], [], []
+    rows, cols, targets, behave, versions, advs, prox, ref = [], [], [], [], [], [], [], []
     offset = 0
     for i, s in enumerate(samples):
         p, n = len(s.prompt_ids), len(s.output_ids)
@@ -177,11 +179,15 @@ def build_forward_batch(adapter: VLMAdapter, samples: list[TrainSample], images:
         advs += [s.advantage] * n
         if s.prox_logprobs is not None:
             prox += s.prox_logprobs
+        if s.ref_logprobs is not None:
+            ref += s.ref_logprobs
     have_prox = all(s.prox_logprobs is not None for s in samples)
+    have_ref = bool(samples) and all(s.ref_logprobs is not None for s in samples)
     return ForwardBatch(
         inputs=inputs, rows=torch.tensor(rows), cols=torch.tensor(cols), targets=torch.tensor(targets),
         behave=torch.tensor(behave, dtype=torch.float32), versions=torch.tensor(versions),
         advantages=torch.tensor(advs, dtype=torch.float32),
         prox=torch.tensor(prox, dtype=torch.float32) if have_prox else None,
+        ref=torch.tensor(ref, dtype=torch.float32) if have_ref else None,
         n_per_sample=[len(s.output_ids) for s in samples], packed=packed,
     )

@@ -177,3 +177,43 @@ def test_loglinear_alpha_from_versions():
     assert not prox.requires_grad
     assert torch.allclose(prox[v_b != 5], logp.detach()[v_b != 5])
     assert torch.allclose(prox[v_b == 5], logp.detach()[v_b == 5])  # nothing moved: alpha 1
+
+
+def test_kl_estimators_against_their_formulas_and_gradients():
+    from asyncwebrl.training.ppo import kl_per_token
+
+    g = torch.Generator().manual_seed(3)
+    ref = -torch.rand(32, generator=g, dtype=torch.float64) * 4
+    logp = (ref + torch.randn(32, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    k1 = kl_per_token(logp, ref, "k1")
+    k3 = kl_per_token(logp, ref, "k3")
+    for t, (lp, r) in enumerate(zip(logp.tolist(), ref.tolist(), strict=True)):
+        assert float(k1[t].detach()) == pytest.approx(lp - r)
+        assert float(k3[t].detach()) == pytest.approx(math.exp(r - lp) - (r - lp) - 1)
+    assert bool((k3 >= 0).all())  # k3 is never negative, k1 is, for some tokens
+    assert bool((k1 < 0).any())
+    # k3's gradient in logp is 1 - exp(ref - logp): zero where the policy equals the reference
+    (grad,) = torch.autograd.grad(k3.sum(), logp)
+    assert torch.allclose(grad, 1 - torch.exp(ref - logp.detach()))
+    same = ref.clone().requires_grad_(True)
+    (g0,) = torch.autograd.grad(kl_per_token(same, ref, "k3").sum(), same)
+    assert float(g0.abs().max()) == 0.0
+    with pytest.raises(ValueError, match="k2"):
+        kl_per_token(logp, ref, "k2")
+
+
+def test_micro_batch_loss_adds_the_kl_term_and_reports_it():
+    from asyncwebrl.training.ppo import micro_batch_loss
+
+    logp, prox, behave, adv, _ = random_case(48, seed=5)
+    ref = logp.detach() - 0.3
+    ent = torch.zeros_like(logp)
+    base, st0 = micro_batch_loss(logp, prox, behave, adv, ent, PPOParams(), 100.0)
+    beta = 0.5
+    with_kl, st = micro_batch_loss(logp, prox, behave, adv, ent, PPOParams(kl_coef=beta), 100.0, ref)
+    k3 = math.exp(-0.3) + 0.3 - 1  # every token sits 0.3 above the reference
+    assert float(with_kl - base) == pytest.approx(beta * 48 * k3 / 100.0, rel=1e-6)
+    assert st.finalize()["kl_ref"] == pytest.approx(k3, rel=1e-6)
+    assert "kl_ref" not in st0.finalize()  # off: no figure that could be mistaken for a measurement
+    with pytest.raises(ValueError, match="reference"):
+        micro_batch_loss(logp, prox, behave, adv, ent, PPOParams(kl_coef=beta), 100.0)
