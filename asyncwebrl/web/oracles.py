@@ -2,8 +2,17 @@
 list) and answer in the model's own action grammar, executed through the normal step path, so they
 prove the reward path end to end and give demonstrations for a behaviour-cloning warm-up.
 
-Invariant: an oracle returns action TEXT (e.g. 'click [3]'), never a dict, so every demonstration
-is a string the policy could have emitted and `parse_action` accepts.
+A few pages do not show how far a task has got (button ONE of click-button-sequence looks the same
+once clicked; an opened accordion section carries no state in the element list). Their oracles keep
+a per-episode memory of what they did, as the policy keeps its own history in the prompt:
+`EpisodeOracle` holds it for one episode; `oracle_action` without a memory answers as at the start
+of an episode.
+
+Invariants:
+- an oracle returns action TEXT (e.g. 'click [3]'), never a dict, so every demonstration is a string
+  the policy could have emitted and `parse_action` accepts;
+- an oracle addresses elements by what they are (role, name, state, order in the list), never by id:
+  ids are drawn anew for every observation (`env.element_ids=drawn`).
 """
 
 from __future__ import annotations
@@ -15,6 +24,10 @@ from typing import Any
 from asyncwebrl.web.base import Observation
 
 Elements = list[dict[str, Any]]
+Memory = dict[str, Any]
+"""what an oracle did earlier in its episode (empty at the start)"""
+Oracle = Callable[[Observation, Memory], str]
+"""(observation, the episode's memory) -> action text"""
 
 
 def _quoted(instruction: str) -> str:
@@ -159,28 +172,141 @@ def _click_scroll_list(obs: Observation) -> str:
     return _click(_find(obs.elements, name="Submit", role="button"))
 
 
-ORACLES: dict[str, Callable[[Observation], str]] = {
-    "click-test": _click_test,
-    "click-test-2": _click_test_2,
-    "click-button": _click_button,
-    "click-link": _click_link,
-    "click-dialog": _click_dialog,
-    "click-dialog-2": _click_dialog_2,
-    "focus-text": _focus_text,
-    "focus-text-2": _focus_text_2,
-    "click-tab": _click_tab,
-    "enter-text": _enter_text,
-    "click-checkboxes": _click_checkboxes,
-    "click-option": _click_option,
-    "choose-date": _choose_date,
-    "use-autocomplete": _use_autocomplete,
-    "click-scroll-list": _click_scroll_list,
+def _submit(obs: Observation, name: str = "Submit") -> str:
+    return _click(_find(obs.elements, name=name, role="button"))
+
+
+def _fill_then_submit(obs: Observation, fields: list[tuple[dict[str, Any] | None, str]], button: str) -> str:
+    """Type each wanted text into its field unless it already holds it, then click the button."""
+    for box, text in fields:
+        if box is not None and box.get("value", "") != text:
+            return f"type [{box['id']}] [{text}]"
+    return _submit(obs, button)
+
+
+def _enter_password(obs: Observation) -> str:
+    password = _quoted(obs.instruction)
+    boxes = [e for e in obs.elements if e["role"] == "textbox"]
+    return _fill_then_submit(obs, [(b, password) for b in boxes], "Submit")
+
+
+def _login_fields(obs: Observation) -> list[tuple[dict[str, Any] | None, str]]:
+    """(username box, user), (password box, password): by their names where the page names them, else
+    in the order the form lists them (username first)."""
+    user, password = (re.findall(r'"([^"]*)"', obs.instruction) + ["", ""])[:2]
+    boxes = [e for e in obs.elements if e["role"] == "textbox"]
+    named = [next((b for b in boxes if k in b["name"].lower()), None) for k in ("user", "pass")]
+    user_box, password_box = named if None not in named else (boxes + [None, None])[:2]
+    return [(user_box, user), (password_box, password)]
+
+
+def _login_user(obs: Observation) -> str:
+    return _fill_then_submit(obs, _login_fields(obs), "Login")
+
+
+def _login_user_popup(obs: Observation) -> str:
+    """login-user, but focusing a field may raise a popup ('Exit to home page?' OK / Cancel) that
+    disables the form: cancel it, then fill the form and press its OK."""
+    cancel = _find(obs.elements, name="Cancel", role="button")
+    if cancel is not None:
+        return _click(cancel)
+    return _fill_then_submit(obs, _login_fields(obs), "OK")
+
+
+def _enter_text_2(obs: Observation) -> str:
+    target = _quoted(obs.instruction)
+    target = target.upper() if "upper case" in obs.instruction else target.lower()
+    return _fill_then_submit(obs, [(_find(obs.elements, role="textbox"), target)], "Submit")
+
+
+def _click_button_sequence(obs: Observation, memory: Memory) -> str:
+    """ONE, then TWO: a clicked button looks as before, so the oracle remembers having clicked ONE."""
+    if memory.get("clicked") != "ONE":
+        memory["clicked"] = "ONE"
+        return _click(_find(obs.elements, name="ONE", role="button"))
+    return _click(_find(obs.elements, name="TWO", role="button"))
+
+
+def _click_collapsible(obs: Observation, memory: Memory) -> str:
+    """Open the section (its header, 'Section #N'), then Submit: an open section's header carries no
+    state in the element list, so the oracle remembers having opened it."""
+    if not memory.get("opened"):
+        header = next((e for e in obs.elements if e["name"].startswith("Section #")), None)
+        memory["opened"] = header is not None
+        return _click(header)
+    return _click(next((e for e in obs.elements if e["name"] == "Submit"), None))
+
+
+def _click_tab_link(obs: Observation, memory: Memory) -> str:
+    """click-tab-2 and its easy variant: click the link if the open tab shows it, else open the next tab
+    not yet seen (the first tab is open at the start; an open tab carries no state in the list)."""
+    target = _quoted(obs.instruction)
+    link = next((e for e in obs.elements if e["role"] != "tab" and e["name"] == target), None)
+    if link is not None:
+        return _click(link)
+    seen = memory.setdefault("tabs_seen", ["Tab #1"])
+    tab = next((e for e in obs.elements if e["role"] == "tab" and e["name"] not in seen), None)
+    if tab is None:
+        return "Wait"
+    seen.append(tab["name"])
+    return _click(tab)
+
+
+def _page_only(oracle: Callable[[Observation], str]) -> Oracle:
+    """An oracle that reads only the page (it needs no memory)."""
+    return lambda obs, memory: oracle(obs)
+
+ORACLES: dict[str, Oracle] = {
+    **{name: _page_only(fn) for name, fn in {
+        "click-test": _click_test,
+        "click-test-2": _click_test_2,
+        "click-button": _click_button,
+        "click-link": _click_link,
+        "click-dialog": _click_dialog,
+        "click-dialog-2": _click_dialog_2,
+        "focus-text": _focus_text,
+        "focus-text-2": _focus_text_2,
+        "click-tab": _click_tab,
+        "enter-text": _enter_text,
+        "enter-text-dynamic": _enter_text,
+        "click-checkboxes": _click_checkboxes,
+        "click-checkboxes-transfer": _click_checkboxes,
+        "click-option": _click_option,
+        "choose-date": _choose_date,
+        "use-autocomplete": _use_autocomplete,
+        "click-scroll-list": _click_scroll_list,
+        "enter-password": _enter_password,
+        "login-user": _login_user,
+        "login-user-popup": _login_user_popup,
+        "enter-text-2": _enter_text_2,
+    }.items()},
+    "click-button-sequence": _click_button_sequence,
+    "click-collapsible": _click_collapsible,
+    "click-tab-2-easy": _click_tab_link,
+    "click-tab-2": _click_tab_link,
 }
 
 
-def oracle_action(task_id: str, obs: Observation) -> str:
-    """The oracle's next action text for a MiniWoB task ('miniwob/NAME' or 'NAME')."""
+def _oracle_of(task_id: str) -> Oracle:
     name = task_id.split("/", 1)[1] if task_id.startswith("miniwob/") else task_id
     if name not in ORACLES:
         raise KeyError(f"no oracle for '{name}'; oracles exist for: {', '.join(ORACLES)}")
-    return ORACLES[name](obs)
+    return ORACLES[name]
+
+
+def oracle_action(task_id: str, obs: Observation, memory: Memory | None = None) -> str:
+    """The oracle's next action text for a MiniWoB task ('miniwob/NAME' or 'NAME'); without `memory`,
+    as at the start of an episode (right for every task whose page shows its progress)."""
+    return _oracle_of(task_id)(obs, {} if memory is None else memory)
+
+
+class EpisodeOracle:
+    """The oracle of one episode: call it with each observation the episode returns, in order."""
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        self.oracle = _oracle_of(task_id)
+        self.memory: Memory = {}
+
+    def __call__(self, obs: Observation) -> str:
+        return self.oracle(obs, self.memory)
