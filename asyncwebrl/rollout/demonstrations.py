@@ -35,7 +35,7 @@ from asyncwebrl.web.base import Observation, Task
 from asyncwebrl.web.browser import BrowserPool
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.env_factory import make_env as default_make_env
-from asyncwebrl.web.oracles import oracle_action
+from asyncwebrl.web.oracles import EpisodeOracle
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,10 @@ async def _play(jobs: list[tuple[Task, Callable[[_Watched], Callable[[], str]]]]
 
 def _oracle_jobs(tasks: list[str], n_demos: int, seed: int, max_steps: int):
     def policy_for(task_id: str):
-        return lambda env: (lambda: oracle_action(task_id, env.obs))
+        def one_episode(env: _Watched) -> Callable[[], str]:
+            oracle = EpisodeOracle(task_id)  # a fresh memory per episode, as the policy's history is
+            return lambda: oracle(env.obs)
+        return one_episode
 
     jobs = []
     for k in range(n_demos * MAX_ATTEMPTS_PER_DEMO):  # round-robin over tasks: early stop per task
