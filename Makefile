@@ -18,7 +18,7 @@ SGLANG_TORCH_SPEC ?= torch==2.14.1
 SGLANG_VENV ?= $(HOME)/.cache/asyncwebrl/sglang-venv
 SGLANG_VENV_STAMP := $(SGLANG_VENV)/.asyncwebrl-$(SGLANG_VERSION)-installed
 
-.PHONY: setup venv browser model sglang-wheel sglang-venv train test lint clean bench
+.PHONY: setup venv browser model sglang-wheel sglang-venv train train-multistep test lint clean bench
 
 setup: venv browser model sglang-wheel sglang-venv
 
@@ -56,6 +56,17 @@ model: venv
 
 train: setup
 	$(BIN)/asyncwebrl train $(ARGS)
+
+# The multi-step recipe (docs/training.md, "Multi-step tasks"): behaviour cloning on oracle
+# demonstrations of miniwob-medium, then RL on it; held-out multi-step tasks evaluated beside.
+# Extra overrides and flags through ARGS, e.g. ARGS="seed=2 --record --record-as multistep-seed2".
+MULTISTEP_ARGS := trial_name=multistep env.tasks=miniwob-medium env.max_steps=4 \
+	gconfig.max_new_tokens=16 total_train_steps=20 \
+	warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=6 warm_start.epochs=2 \
+	test_rollout.n_episodes=32 test_rollout.heldout_tasks=miniwob-medium-heldout test_rollout.heldout_n_episodes=9
+
+train-multistep: setup
+	$(BIN)/asyncwebrl train $(MULTISTEP_ARGS) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=30 $(ARGS)
