@@ -26,7 +26,7 @@ def collect_from(ws, env_cfg, adapter, tasks, max_new_tokens, **kw):
 
 # ---- config ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, says", [
-    (ON + ["warm_start.tasks=enter-password"], "no scripted oracle: enter-password"),
+    (ON + ["warm_start.tasks=email-inbox"], "no scripted oracle: email-inbox"),
     (ON + ["warm_start.tasks=click-test,no-such-task"], "unknown MiniWoB task"),
     (ON + ["warm_start.tasks=click-widget", "warm_start.source=episodes", "warm_start.episodes_dir={tmp}"],
      "holds no index.jsonl"),
@@ -61,7 +61,7 @@ def test_config_off_by_default_and_recorded_episodes_accepted(tmp_path):
     cfg = load_run_config(None, ON + ["warm_start.source=episodes", f"warm_start.episodes_dir={tmp_path}"])
     assert cfg.warm_start.source == "episodes"
     # off, the section is inert: tasks without oracles are not even looked at
-    load_run_config(None, ["warm_start.tasks=enter-password"])
+    load_run_config(None, ["warm_start.tasks=email-inbox"])
 
 
 def test_a_corrupt_episode_index_is_a_clear_error_before_any_browser_starts(tmp_path):
