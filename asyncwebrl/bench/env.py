@@ -148,6 +148,8 @@ async def _our_session(pool: BrowserPool, task: str, cfg: EnvConfig, line: Start
                 if res.invalid:
                     raise RuntimeError(f"benchmark action was invalid: {res.info}")
                 steps += 1
+                if res.done:  # a page may end its episode early (a time limit, a solved task): next episode
+                    break
     finally:
         await env.close()
     return steps
