@@ -588,19 +588,7 @@ class HFEngine:
         keep = [i for i, r in enumerate(b.reqs) if r.finish is None]
         if len(keep) == len(b.reqs):
             return
-        if not keep:
-            self._batch = _RunningBatch()
-            return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        mask = b.mask.index_select(0, idx)
-        first = int((mask.sum(0) > 0).nonzero()[0])
-        for layer in b.cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
-            layer.values = layer.values.index_select(0, idx)[:, :, first:]
-        b.mask = mask[:, first:]
-        b.reqs = [b.reqs[i] for i in keep]
-        b.positions = [b.positions[i] for i in keep]
-        b.rope_deltas = [b.rope_deltas[i] for i in keep]
+        self._batch = self._select(b, keep)
 
     # ---- sampling and stop conditions ------------------------------------------------------------
     def _append_tokens(self, reqs: list[EngineRequest], logits: torch.Tensor) -> bool:
