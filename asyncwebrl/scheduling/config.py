@@ -26,6 +26,12 @@ class SchedulerConfig:
     trainer: None = automatic (10 on a machine without GPUs, where the roles share cores, so the
     trainer keeps its cores and rollout fills their idle time; 0 with GPUs); 0 = normal priority"""
 
+    trainer_process: Literal["auto", "own", "controller"] = "auto"
+    """where scheduler.type=local hosts the trainer rank: own = a process of its own (its own
+    interpreter lock, so rollout threads never stall its kernel launches and compiles); controller =
+    inside the controller process (the tests reach the actor directly); auto = own when rollout is
+    async on GPUs (the shared-device layout), controller otherwise"""
+
     def validate(self) -> None:
         if self.rollout_niceness is not None and not 0 <= self.rollout_niceness <= 19:
             raise ValueError(f"scheduler.rollout_niceness must be in 0..19 (or null = automatic), got "
@@ -35,6 +41,9 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.role_resources has unknown roles {sorted(bad)} (actor, rollout, test-rollout)")
         if self.role_resources and self.type != "ray":
             raise ValueError("scheduler.role_resources pins roles to Ray nodes; it needs scheduler.type=ray")
+        if self.trainer_process == "controller" and self.type == "ray":
+            raise ValueError("scheduler.trainer_process=controller is for scheduler.type=local (Ray hosts every "
+                             "trainer rank in an actor process of its own)")
         if self.ray_address is not None and self.type != "ray":
             raise ValueError("scheduler.ray_address joins a Ray cluster; it needs scheduler.type=ray")
         if self.ray_auth_token_file is not None and self.ray_address is None:

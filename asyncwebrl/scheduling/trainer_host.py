@@ -1,4 +1,5 @@
-"""Hosting the trainer ranks: as Ray actors in the actor placement group, or in-process (local).
+"""Hosting the trainer ranks: as Ray actors in the actor placement group, or locally, in the controller
+process or in a process of its own (`rank_process.py`).
 
 Both hosts offer the same calls to the controller (`TrainerGroup`): train_step, broadcast_weights,
 save_checkpoint, load_checkpoint. Every call goes to all ranks at once (FSDP collectives need every
@@ -128,6 +129,13 @@ class TrainerRank:
     def pid(self) -> int:
         return os.getpid()
 
+    def weights_checksum(self) -> str:
+        """sha256 of this rank's full weights (`params_checksum`): equal to a server's
+        GET /weights_checksum when the server holds bit-identical weights."""
+        from asyncwebrl.inference.engine import params_checksum
+
+        return params_checksum(self.actor.full_named_parameters())
+
     def close(self) -> None:
         if self.broadcaster is not None:
             self.broadcaster.close()
@@ -158,6 +166,10 @@ class TrainerGroup:
     def init_weight_group(self, server_addresses: list[str], api_key: str | None) -> None:
         self._all("init_weight_group", server_addresses, api_key)
 
+    def weights_checksum(self) -> str:
+        """Rank 0's `TrainerRank.weights_checksum` (wherever the rank lives)."""
+        return self._all("weights_checksum")[0]
+
     def broadcast_weights(self):
         """Rank 0's `TransferReport`."""
         return self._all("broadcast_weights")[0]
@@ -181,9 +193,19 @@ class TrainerGroup:
             pass
 
 
+def local_rank_in_own_process(cfg) -> bool:
+    """Does scheduler.type=local host the trainer rank in a process of its own
+    (`scheduler.trainer_process`; auto: when rollout threads run beside training on GPUs)?"""
+    how = cfg.scheduler.trainer_process
+    if how == "auto":
+        return cfg.rollout.mode == "async" and cfg.cluster.n_gpus_per_node > 0
+    return how == "own"
+
+
 def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
-    """Start actor.world_size ranks: Ray actors in the actor placement group, or in-process (local,
-    one rank; several local ranks are spawned by the FSDP tests' launcher, not by the controller)."""
+    """Start actor.world_size ranks: Ray actors in the actor placement group, or one local rank, in the
+    controller process or a process of its own (`local_rank_in_own_process`; several local ranks are
+    spawned by the FSDP tests' launcher, not by the controller)."""
     from asyncwebrl.net import LOOPBACK, free_port
 
     world = cfg.allocation.actor.world_size
@@ -200,8 +222,12 @@ def start_trainer(cfg, scheduler=None, device: str = "cpu") -> TrainerGroup:
                 "scheduler.type=local hosts one trainer rank in the controller process; use scheduler.type=ray "
                 "for fsdp[actor]:dN with N > 1"
             )
-        return TrainerGroup([TrainerRank(cfg.actor, 0, 1, LOOPBACK, free_port(LOOPBACK), device,
-                                             cpu_threads=threads, **same)], remote=False)
+        args = (cfg.actor, 0, 1, LOOPBACK, free_port(LOOPBACK), device)
+        if local_rank_in_own_process(cfg):
+            from asyncwebrl.scheduling.rank_process import ProcessRank
+
+            return TrainerGroup([ProcessRank(TrainerRank, *args, cpu_threads=threads, **same)], remote=False)
+        return TrainerGroup([TrainerRank(*args, cpu_threads=threads, **same)], remote=False)
     import ray
 
     # the rendezvous is rank 0's node address (its Ray node IP when the cluster spans nodes)

@@ -7,6 +7,7 @@ anything starts, with the estimate in the message."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 
 import pytest
@@ -33,11 +34,13 @@ def _tiny() -> str:
 
 
 @pytest.mark.slow
-def test_shared_device_async_layout_trains_through_the_controller(tmp_path):
+@pytest.mark.parametrize("trainer_process", ["controller", "own"])
+def test_shared_device_async_layout_trains_through_the_controller(tmp_path, trainer_process):
+    """Both local hosts of the trainer rank: inside the controller process, and in a process of its own
+    (the GPU default under async, where rollout threads would otherwise share its interpreter lock)."""
     from asyncwebrl.controller.main import Controller
     from asyncwebrl.controller.rundir import RunDir, read_jsonl
     from asyncwebrl.controller.system import build_system
-    from asyncwebrl.inference.engine import params_checksum
 
     steps = 3
     cfg = load_run_config(None, [
@@ -45,6 +48,7 @@ def test_shared_device_async_layout_trains_through_the_controller(tmp_path):
         f"total_train_steps={steps}", "rollout.consumer_batch_size=1", "gconfig.n_samples=2", "env.type=synthetic",
         "env.max_steps=2", "test_rollout.enabled=false", "test_rollout.heldout_tasks=''", "checkpoint.every_n_steps=0",
         "stats.progress_bar=false", f"actor.path={_tiny()}", "gconfig.max_new_tokens=4", "actor.mb_max_tokens=2048",
+        f"scheduler.trainer_process={trainer_process}",
     ])
     run = RunDir(cfg.run_dir, keep_episodes=2, tensorboard=False)
     system = build_system(cfg, run)
@@ -53,7 +57,9 @@ def test_shared_device_async_layout_trains_through_the_controller(tmp_path):
         assert summary.steps == steps and summary.version == steps
         [addr] = system.server_addresses
         served = _get(addr + "/weights_checksum", system.api_key)
-        want = params_checksum(system.trainer.ranks[0].actor.full_named_parameters())
+        want = system.trainer.weights_checksum()
+        if trainer_process == "own":  # the rank answers from its own process
+            assert system.trainer.ranks[0].pid() != os.getpid()
         assert served["weight_version"] == str(steps) and served["sha256"] == want
         events = _get(addr + "/server_info", system.api_key)["control_events"]
         assert events.count("/update_weights_from_tensor") >= steps  # the same-device path, every step

@@ -128,8 +128,9 @@ def test_lean_prefill_check_refuses_a_path_that_ignores_mrope(engines, monkeypat
     assert st["lean_prefill_distance"] <= LEAN_NOISE_FACTOR * st["lean_prefill_reference_noise"] + LEAN_ABS_TOL
     real = graph.decoder.prefill_text
 
-    def one_d_positions(slots, **kw):
-        kw["position_ids"] = None
+    def one_d_positions(slots, **kw):  # every M-RoPE section gets the plain text position
+        n, t = kw["inputs_embeds"].shape[:2] if kw.get("inputs_embeds") is not None else kw["input_ids"].shape
+        kw["position_ids"] = torch.arange(t, device=graph.device)[None, None].expand(3, n, t)
         return real(slots, **kw)
 
     monkeypatch.setattr(graph.decoder, "prefill_text", one_d_positions)
