@@ -36,13 +36,16 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def write_result(name: str, config: dict[str, Any], figures: dict[str, Any], path: Path | None = None) -> Path:
+def write_result(name: str, config: dict[str, Any], figures: dict[str, Any], path: Path | None = None,
+                 machine: dict[str, Any] | None = None) -> Path:
+    """Write bench/results/NAME.json; `machine`: where the figures were measured when that is not
+    this process's machine (halves run elsewhere and combined here), else this machine."""
     out = path or RESULTS_DIR / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        "machine": machine or machine_info(),
         "config": config,
         "figures": figures,
     }

@@ -32,7 +32,11 @@ workload (default | web-shaped), modes, mode_dir.
 A long GPU headline need not fit one call: `modes=sync mode_dir=DIR` runs only the sync half and keeps
 its record in DIR/sync.json (with the knobs it ran under); a later `modes=async mode_dir=DIR` (same
 knobs, DIR carried along) runs the other half and writes the combined result. A kept half whose
-knobs differ from this call's is refused, never silently mixed.
+knobs differ from this call's is refused, never silently mixed. `from_run=RUNDIR` (with one mode in
+`modes`) runs nothing: it builds that half from a finished run's own records (RUNDIR/metrics.jsonl and
+timeline.jsonl), for a half whose 12 steps ran but whose bench process ended before writing (a device
+call's time limit during shutdown). What only the bench process measures (decode rates by phase, CPU
+busy share, load average) is absent from such a half, and the record says where the half came from.
 
 `workload=web-shaped` is the synthetic env shaped like web agents' work (issue 18): recorded pages
 (env.synthetic_replay_dir, from `asyncwebrl record-screens`), step/reset/warm-up latencies replayed
@@ -58,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncwebrl.bench.common import parse_overrides, print_table
-from asyncwebrl.results import RESULTS_DIR, write_result
+from asyncwebrl.results import RESULTS_DIR, machine_info, write_result
 
 DEFAULTS = {
     "steps": 12,
@@ -78,10 +82,12 @@ DEFAULTS = {
     "workload": "default",
     "modes": "sync,async",
     "mode_dir": "",
+    "from_run": "",
+    "machine_note": "",
 }
 MODES = ("sync", "async")
 # knobs that only say where things go or which half runs; every other knob must match to combine halves
-_PLACEMENT_KNOBS = {"modes", "mode_dir", "out", "fileroot"}
+_PLACEMENT_KNOBS = {"modes", "mode_dir", "out", "fileroot", "from_run", "machine_note"}
 
 WEB_LATENCY_FILE = Path(__file__).resolve().parents[2] / "bench" / "data" / "web_latency.json"
 MIN_WEB_SESSIONS = 64
@@ -146,6 +152,11 @@ class ModeResult:
     device or the cores with it); None when no train phase saw generation"""
     decode_tok_s_trainer_idle: float | None = None
     """tokens/s they generated while the trainer waited for rollout (the servers alone)"""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """where the half ran (`machine_info()`; empty in halves kept before it was recorded)"""
+    source: str = "bench"
+    """bench = measured by the bench process around the run; run-records = built afterwards from the
+    run's own metrics.jsonl and timeline.jsonl (`from_run`: the sampler's figures are absent)"""
 
     @property
     def trajectories_per_s(self) -> float:
@@ -235,7 +246,43 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
         success_vs_time=[[round(r.wall_time_s, 2), r.success_rate] for r in recs],
         timeline=timeline, decode_tok_s_training=training, decode_tok_s_trainer_idle=idle,
         pool_full_rate_traj_s=_pool_full_rate(rstats), budget=dataclasses.asdict(budget),
-        load_avg=_load_avg(), load_avg_start=load0,
+        load_avg=_load_avg(), load_avg_start=load0, machine=machine_info(),
+    )
+
+
+def half_from_run(mode: str, run_dir: Path) -> ModeResult:
+    """A mode's half from a finished run's own records (its per-step train rows and timeline): the
+    step and phase times, trajectories, tokens, staleness, idle fractions and wall time the controller
+    logged. The bench process's own figures (decode rates by phase, CPU busy share, load average) are
+    not in them and stay empty; `source` says so."""
+    from asyncwebrl.controller.rundir import read_jsonl
+
+    metrics, timeline = run_dir / "metrics.jsonl", run_dir / "timeline.jsonl"
+    if not metrics.is_file() or not timeline.is_file():
+        raise SystemExit(f"bench e2e: from_run={run_dir} needs the run's metrics.jsonl and timeline.jsonl")
+    rows = [r for r in read_jsonl(metrics) if r.get("kind") == "train"]
+    spans = read_jsonl(timeline)
+    if not rows or not spans:
+        raise SystemExit(f"bench e2e: {run_dir} holds no train steps")
+    last = rows[-1]
+    hist: dict[str, int] = {}
+    for r in rows:
+        for k, v in (r.get("staleness_hist") or {}).items():
+            hist[str(k)] = hist.get(str(k), 0) + int(v)
+    return ModeResult(
+        mode=mode, run_dir=str(run_dir), setup_s=float(spans[0]["start"]), wall_s=float(last["wall_time_s"]),
+        steps=len(rows), trajectories=sum(int(r["n_trajectories"]) for r in rows),
+        generated_tokens=sum(int(r["generated_tokens"]) for r in rows),
+        step_times_s=[float(r["step_time_s"]) for r in rows],
+        phase_times_s={"rollout_wait": [float(r["wait_s"]) for r in rows], "train": [float(r["train_s"]) for r in rows],
+                       "weight_sync": [float(r["weight_sync_s"]) for r in rows]},
+        checkpoint_s_total=sum(float(r["checkpoint_s"]) for r in rows),
+        checkpoint_stall_s=sum(float(r["checkpoint_s"]) for r in rows),
+        trainer_idle_frac=float(last["trainer_idle_frac"]), rollout_idle_frac=float(last["rollout_idle_frac"]),
+        cpu_busy_frac=None, failed_episodes=sum(int(r["failed_episodes"]) for r in rows),
+        dropped_stale=sum(int(r["dropped_stale"]) for r in rows), staleness_hist=hist,
+        success_vs_time=[[round(float(r["wall_time_s"]), 2), float(r["success_rate"])] for r in rows],
+        timeline=spans, source="run-records",
     )
 
 
@@ -458,8 +505,11 @@ def main(overrides: list[str] | None = None) -> int:
             kept = None if mode in wanted else load_half(mode_dir, mode, knobs)
             if kept is not None:
                 done[mode] = kept
+    if knobs["from_run"] and len(wanted) != 1:
+        raise SystemExit("bench e2e: from_run builds one half: name its mode alone in modes= (sync or async)")
     for mode in (m for m in MODES if m in wanted):
-        done[mode] = run_mode_isolated(mode, knobs)
+        done[mode] = (half_from_run(mode, Path(knobs["from_run"])) if knobs["from_run"]
+                      else run_mode_isolated(mode, knobs))
         if mode_dir is not None:
             save_half(mode_dir, done[mode], knobs)
         if len(done) == 1:  # a partial record first: a long run cut short leaves a half
@@ -473,6 +523,11 @@ def main(overrides: list[str] | None = None) -> int:
     sync, asy = done["sync"], done["async"]
     results = [sync, asy]
     e2e = E2EFigures.of(sync, asy, shared_cores=int(knobs["gpus"]) == 0)
+    # the servers alone: the sync run's generation while its trainer waited, else (a half built from run
+    # records has no sampler) the async run's generation while its trainer waited
+    alone, alone_from = sync.decode_tok_s_trainer_idle, "sync"
+    if alone is None and asy.decode_tok_s_trainer_idle is not None:
+        alone, alone_from = asy.decode_tok_s_trainer_idle, "async, trainer idle"
     figures: dict[str, Any] = {
         **dataclasses.asdict(e2e),
         "speedup": e2e.whole_run_speedup,
@@ -484,9 +539,11 @@ def main(overrides: list[str] | None = None) -> int:
             "rollout server and trainer resident on the same GPU(s), both running (shared-device layout)"
             if "|" in str(knobs["extra"]) else "rollout and trainer on separate GPUs"),
         "decode_tok_s_while_training": asy.decode_tok_s_training,
-        "decode_tok_s_alone": sync.decode_tok_s_trainer_idle,
-        "decode_share_while_training": (asy.decode_tok_s_training / sync.decode_tok_s_trainer_idle
-                                        if asy.decode_tok_s_training and sync.decode_tok_s_trainer_idle else None),
+        "decode_tok_s_alone": alone,
+        "decode_tok_s_alone_from": alone_from,
+        "decode_share_while_training": (asy.decode_tok_s_training / alone
+                                        if asy.decode_tok_s_training and alone else None),
+        "half_sources": {r.mode: r.source for r in results},
         "refresh_s": asy.steady_phase_s("weight_sync"),
         "trainer_idle_frac": {r.mode: r.trainer_idle_frac for r in results},
         "rollout_idle_frac": {r.mode: r.rollout_idle_frac for r in results},
@@ -502,7 +559,7 @@ def main(overrides: list[str] | None = None) -> int:
     except Exception as e:  # the numbers matter more than the picture
         figures["timeline_plot_error"] = repr(e)
     (RESULTS_DIR / f"{name}_timeline.json").write_text(json.dumps({r.mode: r.timeline for r in results}))
-    write_result(name, knobs, figures)
+    write_result(name, knobs, figures, machine=_halves_machine(results, str(knobs["machine_note"])))
     rows = [{"mode": r.mode, "steady s/step": r.steady_step_s, "traj/s": r.trajectories_per_s,
              "tok/s": r.tokens_per_s, "rollout": r.steady_phase_s("rollout_wait"), "train": r.steady_phase_s("train"),
              "sync": r.steady_phase_s("weight_sync"), "trainer_idle": r.trainer_idle_frac,
@@ -515,6 +572,20 @@ def main(overrides: list[str] | None = None) -> int:
                       + (f"; shared-core bound {e2e.shared_core_bound:.2f}x" if e2e.shared_core_bound else "")
                       + ")")
     return 0
+
+
+def _halves_machine(results: list[ModeResult], note: str) -> dict[str, Any] | None:
+    """The record's machine: the halves' own (None = this machine, when they ran here); halves that
+    ran elsewhere and carry no record of it are named by `machine_note` (the knob), with this machine
+    as where they were combined."""
+    here = machine_info()
+    kept = [r.machine for r in results if r.machine]
+    if kept and all(m == kept[0] for m in kept) and len(kept) == len(results):
+        return None if kept[0] == here else kept[0]
+    if not note and not kept:
+        return None
+    return {"halves_ran_on": note or None, "halves": {r.mode: r.machine or None for r in results},
+            "combined_on": here}
 
 
 def _fmt(x: float | None) -> str:

@@ -47,3 +47,29 @@ def test_half_from_other_knobs_is_refused(tmp_path):
 def test_unknown_mode_is_refused():
     with pytest.raises(SystemExit, match="modes must name"):
         e2e.main(["modes=warp"])
+
+
+@pytest.mark.slow
+def test_half_from_a_runs_records_matches_the_bench_measured_half(tmp_path):
+    """`from_run`: a half rebuilt from a finished run's own records (metrics.jsonl, timeline.jsonl)
+    carries the same step and phase times, trajectories, tokens, staleness and idle figures as the
+    half the bench measured around that run; only the bench process's own figures stay empty."""
+    from pathlib import Path
+
+    from asyncwebrl.models.prepare import resolve_model_path
+
+    tiny = Path(resolve_model_path("default")).parent / "tiny-qwen2.5-vl"
+    knobs = parse_overrides(["steps=2", "scheduler=local", "env=synthetic", f"model={tiny}", "batch=1",
+                             "n_samples=2", "max_new_tokens=4", f"fileroot={tmp_path}",
+                             "extra=actor.mb_max_tokens=2048"], e2e.DEFAULTS)
+    measured = e2e.run_mode("sync", knobs)
+    rebuilt = e2e.half_from_run("sync", Path(measured.run_dir))
+    assert rebuilt.source == "run-records" and measured.source == "bench"
+    for name in ("steps", "trajectories", "generated_tokens", "step_times_s", "phase_times_s", "staleness_hist",
+                 "failed_episodes", "dropped_stale", "timeline"):
+        assert getattr(rebuilt, name) == getattr(measured, name), name
+    assert rebuilt.wall_s == pytest.approx(measured.wall_s, abs=0.5)
+    assert rebuilt.trainer_idle_frac == pytest.approx(measured.trainer_idle_frac, abs=0.05)
+    assert rebuilt.cpu_busy_frac is None and rebuilt.decode_tok_s_trainer_idle is None
+    with pytest.raises(SystemExit, match="metrics.jsonl"):
+        e2e.half_from_run("sync", tmp_path / "no-run")
