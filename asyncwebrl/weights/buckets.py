@@ -67,8 +67,12 @@ class Bucket:
     def pack(self, tensors: Sequence[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
         """Copy `tensors` (in slot order) into `buf[:nbytes]` (enqueued on the current stream)."""
         out = buf[: self.nbytes]
-        for s, t in zip(self.slots, tensors, strict=True):
-            out[s.start:s.end].view(s.dtype).view(s.shape).copy_(t, non_blocking=True)
+        dst = [out[s.start:s.end].view(s.dtype).view(s.shape) for s in self.slots]
+        if len(dst) != len(tensors):
+            raise ValueError(f"{len(tensors)} tensors for a bucket of {len(dst)} slots")
+        # one multi-tensor copy (a few kernel launches for the whole bucket, casting where the slot's
+        # dtype differs), not one copy per parameter
+        torch._foreach_copy_(dst, list(tensors), non_blocking=True)
         return out
 
 

@@ -242,12 +242,9 @@ def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, tor
             problems.append(f"shape of '{name}' is {list(p.shape)}, sent {list(t.shape)}")
     if problems:
         raise WeightSyncError("update rejected (weights unchanged): " + "; ".join(problems[:5]))
-    nbytes = 0
-    with torch.no_grad():
-        for name, t in named:
-            p = params[name]
-            p.data.copy_(t, non_blocking=True)
-            nbytes += t.numel() * t.element_size()
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    with torch.no_grad():  # one multi-tensor copy for the payload, not one copy per parameter
+        torch._foreach_copy_([params[name] for name, _ in named], [t for _, t in named], non_blocking=True)
     devs = {p.device for p in params.values() if p.is_cuda}
     for d in devs:
         torch.cuda.current_stream(d).synchronize()
