@@ -15,7 +15,7 @@ from asyncwebrl.web.browser import BrowserPool
 from asyncwebrl.web.config import EnvConfig
 from asyncwebrl.web.env_factory import make_env
 from asyncwebrl.web.latency import LatencyTable
-from asyncwebrl.web.oracles import ORACLES, oracle_action
+from asyncwebrl.web.oracles import ORACLES, EpisodeOracle
 from asyncwebrl.web.tasks import TaskSampler, resolve_task_names
 
 
@@ -49,9 +49,10 @@ async def record_latency(episodes: int = 48, concurrency: int = 8, tasks: str = 
                     obs = await env.reset(task)
                     (firsts if k == 0 else resets).append((time.perf_counter() - t) * 1000)
                     name = task.task_id.split("/", 1)[-1]
+                    oracle = EpisodeOracle(task.task_id) if name in ORACLES else None  # the episode's memory
                     for _ in range(max_steps):
-                        if name in ORACLES:
-                            text = oracle_action(task.task_id, obs)
+                        if oracle is not None:
+                            text = oracle(obs)
                         else:
                             text = f"mouse_click({rng.randrange(cfg.viewport_width)}, {rng.randrange(cfg.viewport_height)})"
                         t = time.perf_counter()

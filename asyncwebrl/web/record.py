@@ -14,7 +14,7 @@ from pathlib import Path
 
 from asyncwebrl.web.actions import parse_action
 from asyncwebrl.web.config import EnvConfig
-from asyncwebrl.web.oracles import ORACLES, oracle_action
+from asyncwebrl.web.oracles import ORACLES, EpisodeOracle
 from asyncwebrl.web.tasks import TaskSampler, resolve_task_names
 
 
@@ -34,12 +34,13 @@ async def record_screens(out: Path, episodes: int, tasks: str = "miniwob-easy", 
             task = sampler.next()
             name = task.task_id.split("/", 1)[-1]
             obs = await env.reset(task)
+            oracle = EpisodeOracle(task.task_id) if name in ORACLES else None  # keeps the episode's memory
             for k in range(max_steps):
                 path = out / f"{len(written):04d}-{name}-s{task.seed}-k{k}.png"
                 path.write_bytes(obs.screenshot)
                 written.append(path)
-                if name in ORACLES:
-                    text = oracle_action(task.task_id, obs)
+                if oracle is not None:
+                    text = oracle(obs)
                 else:
                     text = f"mouse_click({rng.randrange(env_cfg.viewport_width)}, {rng.randrange(env_cfg.viewport_height)})"
                 obs, res = await env.step(parse_action(text))
