@@ -54,8 +54,13 @@ sglang-venv: $(SGLANG_VENV_STAMP)
 model: venv
 	$(BIN)/asyncwebrl prepare-model
 
+# The default run (docs/training.md, "The default run"): default.yaml plus the behaviour-cloning warm
+# start on oracle demonstrations of the training tasks, then RL. The warm start stays off in
+# default.yaml itself: tests and benchmarks run synthetic and WebGym tasks, which have no oracles.
+TRAIN_ARGS := warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=24 warm_start.epochs=5
+
 train: setup
-	$(BIN)/asyncwebrl train $(ARGS)
+	$(BIN)/asyncwebrl train $(TRAIN_ARGS) $(ARGS)
 
 # The multi-step recipe (docs/training.md, "Multi-step tasks"): behaviour cloning on oracle
 # demonstrations of miniwob-medium, then RL on it; held-out multi-step tasks evaluated beside.
