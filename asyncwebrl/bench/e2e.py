@@ -36,7 +36,8 @@ knobs differ from this call's is refused, never silently mixed. `from_run=RUNDIR
 `modes`) runs nothing: it builds that half from a finished run's own records (RUNDIR/metrics.jsonl and
 timeline.jsonl), for a half whose 12 steps ran but whose bench process ended before writing (a device
 call's time limit during shutdown). What only the bench process measures (decode rates by phase, CPU
-busy share, load average) is absent from such a half, and the record says where the half came from.
+busy share, load average) comes from that run's kept half in mode_dir when there is one, else is
+absent; the record says where each half came from.
 
 `workload=web-shaped` is the synthetic env shaped like web agents' work (issue 18): recorded pages
 (env.synthetic_replay_dir, from `asyncwebrl record-screens`), step/reset/warm-up latencies replayed
@@ -152,11 +153,14 @@ class ModeResult:
     device or the cores with it); None when no train phase saw generation"""
     decode_tok_s_trainer_idle: float | None = None
     """tokens/s they generated while the trainer waited for rollout (the servers alone)"""
+    end_s: float | None = None
+    """after the last step until the run returned: the final checkpoint's write (None when not measured)"""
     machine: dict[str, Any] = field(default_factory=dict)
     """where the half ran (`machine_info()`; empty in halves kept before it was recorded)"""
     source: str = "bench"
     """bench = measured by the bench process around the run; run-records = built afterwards from the
-    run's own metrics.jsonl and timeline.jsonl (`from_run`: the sampler's figures are absent)"""
+    run's own metrics.jsonl and timeline.jsonl (`from_run`: the sampler's figures are absent);
+    run-records+bench = the same, with the bench-only figures of that run's kept half"""
 
     @property
     def trajectories_per_s(self) -> float:
@@ -234,7 +238,10 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
     timeline = read_jsonl(run.root / "timeline.jsonl")
     training, idle = sampler.rates(timeline)
     return ModeResult(
-        mode=mode, run_dir=str(run.root), setup_s=setup_s, wall_s=summary.wall_time_s, steps=summary.steps,
+        mode=mode, run_dir=str(run.root), setup_s=setup_s, steps=summary.steps,
+        # the loop is first step to last; what follows it (the last checkpoint's write) is end_s
+        wall_s=recs[-1].wall_time_s if recs else summary.wall_time_s,
+        end_s=summary.wall_time_s - recs[-1].wall_time_s if recs else 0.0,
         trajectories=summary.trajectories, generated_tokens=sum(r.generated_tokens for r in recs),
         step_times_s=[r.step_time_s for r in recs],
         phase_times_s={"rollout_wait": [r.wait_s for r in recs], "train": [r.train_s for r in recs],
@@ -250,11 +257,12 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
     )
 
 
-def half_from_run(mode: str, run_dir: Path) -> ModeResult:
+def half_from_run(mode: str, run_dir: Path, kept: ModeResult | None = None) -> ModeResult:
     """A mode's half from a finished run's own records (its per-step train rows and timeline): the
     step and phase times, trajectories, tokens, staleness, idle fractions and wall time the controller
-    logged. The bench process's own figures (decode rates by phase, CPU busy share, load average) are
-    not in them and stay empty; `source` says so."""
+    logged. The bench process's own figures (decode rates by phase, CPU busy share, load average,
+    set-up time, machine) are not in them: they come from `kept`, the half the bench kept of this same
+    run, else stay empty; `source` says which."""
     from asyncwebrl.controller.rundir import read_jsonl
 
     metrics, timeline = run_dir / "metrics.jsonl", run_dir / "timeline.jsonl"
@@ -269,7 +277,7 @@ def half_from_run(mode: str, run_dir: Path) -> ModeResult:
     for r in rows:
         for k, v in (r.get("staleness_hist") or {}).items():
             hist[str(k)] = hist.get(str(k), 0) + int(v)
-    return ModeResult(
+    half = ModeResult(
         mode=mode, run_dir=str(run_dir), setup_s=float(spans[0]["start"]), wall_s=float(last["wall_time_s"]),
         steps=len(rows), trajectories=sum(int(r["n_trajectories"]) for r in rows),
         generated_tokens=sum(int(r["generated_tokens"]) for r in rows),
@@ -284,6 +292,14 @@ def half_from_run(mode: str, run_dir: Path) -> ModeResult:
         success_vs_time=[[round(float(r["wall_time_s"]), 2), float(r["success_rate"])] for r in rows],
         timeline=spans, source="run-records",
     )
+    if kept is None:
+        return half
+    if kept.mode != mode or kept.steps != half.steps or kept.trajectories != half.trajectories:
+        raise SystemExit(f"bench e2e: the kept {kept.mode} half ({kept.steps} steps, {kept.trajectories} "
+                         f"trajectories) is not of the run in {run_dir}")
+    bench_only = ("setup_s", "cpu_busy_frac", "pool_full_rate_traj_s", "budget", "load_avg", "load_avg_start",
+                  "decode_tok_s_training", "decode_tok_s_trainer_idle", "machine")
+    return dataclasses.replace(half, source="run-records+bench", **{k: getattr(kept, k) for k in bench_only})
 
 
 class DecodeSampler:
@@ -508,8 +524,11 @@ def main(overrides: list[str] | None = None) -> int:
     if knobs["from_run"] and len(wanted) != 1:
         raise SystemExit("bench e2e: from_run builds one half: name its mode alone in modes= (sync or async)")
     for mode in (m for m in MODES if m in wanted):
-        done[mode] = (half_from_run(mode, Path(knobs["from_run"])) if knobs["from_run"]
-                      else run_mode_isolated(mode, knobs))
+        if knobs["from_run"]:  # the bench's own figures from this run's kept half, when there is one
+            kept = load_half(mode_dir, mode, knobs) if mode_dir is not None else None
+            done[mode] = half_from_run(mode, Path(knobs["from_run"]), kept)
+        else:
+            done[mode] = run_mode_isolated(mode, knobs)
         if mode_dir is not None:
             save_half(mode_dir, done[mode], knobs)
         if len(done) == 1:  # a partial record first: a long run cut short leaves a half

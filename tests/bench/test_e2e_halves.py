@@ -71,5 +71,11 @@ def test_half_from_a_runs_records_matches_the_bench_measured_half(tmp_path):
     assert rebuilt.wall_s == pytest.approx(measured.wall_s, abs=0.5)
     assert rebuilt.trainer_idle_frac == pytest.approx(measured.trainer_idle_frac, abs=0.05)
     assert rebuilt.cpu_busy_frac is None and rebuilt.decode_tok_s_trainer_idle is None
+    assert measured.end_s is not None and measured.end_s >= 0  # the loop ends at the last step
+    both = e2e.half_from_run("sync", Path(measured.run_dir), kept=measured)  # the bench's own figures kept
+    assert both.source == "run-records+bench" and both.cpu_busy_frac == measured.cpu_busy_frac
+    assert both.machine == measured.machine and both.setup_s == measured.setup_s
+    with pytest.raises(SystemExit, match="not of the run"):
+        e2e.half_from_run("sync", Path(measured.run_dir), kept=_half("sync", 1.0))
     with pytest.raises(SystemExit, match="metrics.jsonl"):
         e2e.half_from_run("sync", tmp_path / "no-run")
