@@ -26,7 +26,7 @@ MAX_ELEMENTS = 40
 """cap on listed elements: the list is prompt text, and prompt length dominates CPU cost"""
 
 # A JS function expression: (maxN) -> [[{id, role, name, box:[x,y,w,h], point?, covered?, checked?,
-# editable?, value?, options?}], [DOM nodes], nameOf, selectState]. Interactive = form controls, links
+# selected?, expanded?, editable?, value?, options?}], [DOM nodes], nameOf, selectState]. Interactive = form controls, links
 # (with or without href), ARIA roles, click handlers, or a pointer cursor (MiniWoB styles its links
 # that way). Listed: rendered (checkVisibility, ancestors' opacity included), enabled, inside the
 # viewport; `covered` when no sample point of the element receives a click (something lies on top).
@@ -101,8 +101,10 @@ ELEMENTS_FN = r"""
     if (!n && lb) n = lb.split(/\s+/).map((i) => { const x = document.getElementById(i); return x ? x.innerText : ''; }).join(' ');
     if (!n && e.labels && e.labels.length) n = e.labels[0].innerText;
     if (e.tagName === 'SELECT') return clean(n || e.getAttribute('title')).slice(0, 40);
+    // a text field without a label element: its placeholder or title, else the text just before it (a
+    // sibling <label> that names no control: login forms), else what it holds
     if (!n && (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA'))
-      n = e.value || e.getAttribute('placeholder') || e.getAttribute('title') || '';
+      n = e.getAttribute('placeholder') || e.getAttribute('title') || nearby(e) || e.value || '';
     if (!n) n = e.innerText || '';
     if (!clean(n)) n = e.getAttribute('title') || e.getAttribute('alt') || '';
     if (!clean(n)) {
@@ -144,6 +146,11 @@ ELEMENTS_FN = r"""
                  box: [Math.round(x), Math.round(y), Math.round(Math.min(W, r.right) - x),
                        Math.round(Math.min(H, r.bottom) - y)]};
     if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
+    // the state of a tab or an accordion header (ARIA, as jQuery UI sets it): which tab is shown,
+    // which section is open
+    const expanded = e.getAttribute('aria-expanded');
+    if (expanded === 'true' || expanded === 'false') rec.expanded = expanded === 'true';
+    if (e.getAttribute('aria-selected') === 'true' && rec.role === 'tab') rec.selected = true;
     if (e.tagName === 'SELECT') selectState(e, rec);
     else if (e.tagName === 'TEXTAREA' || (e.tagName === 'INPUT' && rec.role !== 'checkbox' && rec.role !== 'radio'))
       rec.value = clean(e.value).slice(0, 60);  // what it holds, apart from its label
@@ -216,6 +223,11 @@ RUNTIME_JS = r"""
       for (let i = 0; i < refs.length; i++) {
         const e = refs[i], rec = cache[i];
         if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
+    // the state of a tab or an accordion header (ARIA, as jQuery UI sets it): which tab is shown,
+    // which section is open
+    const expanded = e.getAttribute('aria-expanded');
+    if (expanded === 'true' || expanded === 'false') rec.expanded = expanded === 'true';
+    if (e.getAttribute('aria-selected') === 'true' && rec.role === 'tab') rec.selected = true;
         if (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA') {
           rec.name = nameOf(e);
           if ('value' in rec) rec.value = (e.value || '').replace(/\s+/g, ' ').trim().slice(0, 60);
@@ -338,6 +350,10 @@ def observation_key(task_id: str, seed: int, index: int) -> str:
 
 def _element_line(e: dict[str, Any]) -> str:
     line = f"[{e['id']}] {e['role']} \"{e['name']}\"" + (" (checked)" if e.get("checked") else "")
+    if e.get("selected"):  # the tab shown, the accordion section open
+        line += " (selected)"
+    elif "expanded" in e and e["role"] != "tab":  # a menu button, a disclosure: open or shut
+        line += " (expanded)" if e["expanded"] else " (collapsed)"
     if e.get("covered"):  # nothing of it takes a click: something lies on top
         line += " (covered)"
     if "options" in e:  # a <select>: its current value and its choices, each on its own

@@ -91,7 +91,7 @@ def _click_tab(obs: Observation) -> str:
 def _enter_text(obs: Observation) -> str:
     target = _quoted(obs.instruction)
     box = _find(obs.elements, role="textbox")
-    if box is not None and box["name"] != target:
+    if box is not None and box.get("value", "") != target:
         return f"type [{box['id']}] [{target}]"
     return _click(_find(obs.elements, name="Submit", role="button"))
 
@@ -130,7 +130,7 @@ def _choose_date(obs: Observation) -> str:
         return "Wait"
     month, day, year = int(m.group(1)), int(m.group(2)), int(m.group(3))
     box = _find(obs.elements, role="textbox")
-    if box is not None and box["name"] == m.group(0):
+    if box is not None and box.get("value") == m.group(0):
         return _click(_find(obs.elements, name="Submit", role="button"))
     days = [e for e in obs.elements if re.fullmatch(r"\d{1,2} [A-Z][a-z]+ \d{4}", e["name"])]
     if not days:

@@ -101,3 +101,24 @@ def test_select_sets_the_whole_selection_of_a_multi_select(runner):
     assert lst["role"] == "listbox" and lst["value"] == ""
     assert first["value"] == f"{a} | {b}"
     assert second["value"] == c  # the whole selection, not one more option
+
+
+def test_unlabelled_fields_take_the_text_before_them_and_tabs_show_which_is_shown(runner):
+    """login-user's fields follow a <label> that names no control: they are listed by that text, not
+    as `textbox ""`; a tab list says which tab is shown, and the mark moves with a click."""
+    async def go():
+        env = MiniWoBEnv(EnvConfig(recycle_context_every=100))
+        try:
+            login = await env.reset(Task("miniwob/login-user", seed=3))
+            tabs = await env.reset(Task("miniwob/click-tab-2", seed=3))
+            second = _named(tabs, "Tab #2")
+            moved, _ = await env.step(parse_action(f"click [{second['id']}]"))
+            return login, tabs, moved
+        finally:
+            await env.close()
+
+    login, tabs, moved = runner.run(go())
+    assert [e["name"] for e in login.elements if e["role"] == "textbox"] == ["Username", "Password"]
+    shown = lambda obs: [e["name"] for e in obs.elements if e.get("selected")]  # noqa: E731
+    assert shown(tabs) == ["Tab #1"] and shown(moved) == ["Tab #2"]
+    assert '"Tab #2" (selected)' in elements_text(moved.elements)
