@@ -247,7 +247,9 @@ def run_mode(mode: str, knobs: dict[str, Any]) -> ModeResult:
         phase_times_s={"rollout_wait": [r.wait_s for r in recs], "train": [r.train_s for r in recs],
                        "weight_sync": [r.weight_sync_s for r in recs]},
         checkpoint_s_total=sum(r.checkpoint_s for r in recs), checkpoint_stall_s=summary.checkpoint_stall_s,
-        trainer_idle_frac=summary.trainer_idle_frac, rollout_idle_frac=rstats.rollout_idle_fraction,
+        # over the loop, as wall_s: the last step's record, not the run's return
+        trainer_idle_frac=recs[-1].trainer_idle_frac if recs else summary.trainer_idle_frac,
+        rollout_idle_frac=rstats.rollout_idle_fraction,
         cpu_busy_frac=cpu_busy, failed_episodes=summary.failed_episodes, dropped_stale=summary.dropped_stale,
         staleness_hist={str(k): v for k, v in rstats.staleness_hist.items()},
         success_vs_time=[[round(r.wall_time_s, 2), r.success_rate] for r in recs],

@@ -26,7 +26,7 @@ MAX_ELEMENTS = 40
 """cap on listed elements: the list is prompt text, and prompt length dominates CPU cost"""
 
 # A JS function expression: (maxN) -> [[{id, role, name, box:[x,y,w,h], point?, covered?, checked?,
-# selected?, expanded?, editable?, value?, options?}], [DOM nodes], nameOf, selectState]. Interactive = form controls, links
+# selected?, expanded?, editable?, value?, options?}], [DOM nodes], nameOf, selectState, ariaState]. Interactive = form controls, links
 # (with or without href), ARIA roles, click handlers, or a pointer cursor (MiniWoB styles its links
 # that way). Listed: rendered (checkVisibility, ancestors' opacity included), enabled, inside the
 # viewport; `covered` when no sample point of the element receives a click (something lies on top).
@@ -102,9 +102,10 @@ ELEMENTS_FN = r"""
     if (!n && e.labels && e.labels.length) n = e.labels[0].innerText;
     if (e.tagName === 'SELECT') return clean(n || e.getAttribute('title')).slice(0, 40);
     // a text field without a label element: its placeholder or title, else the text just before it (a
-    // sibling <label> that names no control: login forms), else what it holds
+    // sibling <label> that names no control: login forms); never what it holds (that is its value)
+    if (!n && e.tagName === 'INPUT' && ['button', 'submit', 'reset'].includes(e.type)) n = e.value || '';
     if (!n && (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA'))
-      n = e.getAttribute('placeholder') || e.getAttribute('title') || nearby(e) || e.value || '';
+      n = e.getAttribute('placeholder') || e.getAttribute('title') || nearby(e) || '';
     if (!n) n = e.innerText || '';
     if (!clean(n)) n = e.getAttribute('title') || e.getAttribute('alt') || '';
     if (!clean(n)) {
@@ -116,6 +117,15 @@ ELEMENTS_FN = r"""
     const ctx = n ? tableContext(e, n) : '';
     if (ctx) n = `${n} ${ctx}`;
     return n.length > 40 ? n.slice(0, 40) : n;
+  };
+  // the state of a tab or an accordion header (ARIA, as jQuery UI sets it): which tab is shown,
+  // which section is open; refreshed in place, so a state that ends is removed
+  const ariaState = (e, rec) => {
+    const expanded = e.getAttribute('aria-expanded');
+    if (expanded === 'true' || expanded === 'false') rec.expanded = expanded === 'true';
+    else delete rec.expanded;
+    if (e.getAttribute('aria-selected') === 'true' && rec.role === 'tab') rec.selected = true;
+    else delete rec.selected;
   };
   const seen = new Set(), out = [], kept = [];
   const selectState = (e, rec) => {
@@ -146,11 +156,7 @@ ELEMENTS_FN = r"""
                  box: [Math.round(x), Math.round(y), Math.round(Math.min(W, r.right) - x),
                        Math.round(Math.min(H, r.bottom) - y)]};
     if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
-    // the state of a tab or an accordion header (ARIA, as jQuery UI sets it): which tab is shown,
-    // which section is open
-    const expanded = e.getAttribute('aria-expanded');
-    if (expanded === 'true' || expanded === 'false') rec.expanded = expanded === 'true';
-    if (e.getAttribute('aria-selected') === 'true' && rec.role === 'tab') rec.selected = true;
+    ariaState(e, rec);
     if (e.tagName === 'SELECT') selectState(e, rec);
     else if (e.tagName === 'TEXTAREA' || (e.tagName === 'INPUT' && rec.role !== 'checkbox' && rec.role !== 'radio'))
       rec.value = clean(e.value).slice(0, 60);  // what it holds, apart from its label
@@ -181,7 +187,7 @@ ELEMENTS_FN = r"""
     if (getComputedStyle(e).cursor === 'pointer' && !e.querySelector(SEL) &&
         !(e.parentElement && getComputedStyle(e.parentElement).cursor === 'pointer')) consider(e);
   }
-  return [out, kept, nameOf, selectState];
+  return [out, kept, nameOf, selectState, ariaState];
 }
 """
 
@@ -193,7 +199,7 @@ RUNTIME_JS = r"""
 (() => {
   if (window.__awr) return;
   const extract = """ + ELEMENTS_FN + r""";
-  let dirty = true, cache = null, refs = [], nameOf = null, selectState = null, cachedN = -1, changes = 0;
+  let dirty = true, cache = null, refs = [], nameOf = null, selectState = null, ariaState = null, cachedN = -1, changes = 0;
   // the page's own clock and timer functions may be replaced later; settle() uses these
   const now = performance.now.bind(performance), wait = setTimeout.bind(window);
   const getAnimations = document.getAnimations.bind(document);
@@ -217,17 +223,13 @@ RUNTIME_JS = r"""
       note(mo.takeRecords());
       if (dirty || maxN !== cachedN || !cache) {
         const r = extract(maxN);
-        cache = r[0]; refs = r[1]; nameOf = r[2]; selectState = r[3]; cachedN = maxN; dirty = false; api.extractions++;
+        cache = r[0]; refs = r[1]; nameOf = r[2]; selectState = r[3]; ariaState = r[4]; cachedN = maxN; dirty = false; api.extractions++;
         return cache;
       }
       for (let i = 0; i < refs.length; i++) {
         const e = refs[i], rec = cache[i];
         if (e.type === 'checkbox' || e.type === 'radio') rec.checked = !!e.checked;
-    // the state of a tab or an accordion header (ARIA, as jQuery UI sets it): which tab is shown,
-    // which section is open
-    const expanded = e.getAttribute('aria-expanded');
-    if (expanded === 'true' || expanded === 'false') rec.expanded = expanded === 'true';
-    if (e.getAttribute('aria-selected') === 'true' && rec.role === 'tab') rec.selected = true;
+        ariaState(e, rec);
         if (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA') {
           rec.name = nameOf(e);
           if ('value' in rec) rec.value = (e.value || '').replace(/\s+/g, ' ').trim().slice(0, 60);

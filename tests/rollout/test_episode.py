@@ -83,9 +83,12 @@ def oracle_from_prompt(task_name):
         last = prompt.rsplit("<|im_start|>user", 1)[1]
         instruction = re.search(r"Task: (.*)", last).group(1).strip()
         elements = []
-        for m in re.finditer(r'\[(\d+)\] (\w+) "(.*?)"( \(checked\))?', last):
+        for m in re.finditer(r'^\[(\d+)\] (\w+) "(.*?)"(.*)$', last, flags=re.M):
+            rest = m.group(4)
+            value = re.search(r'value="(.*?)"', rest)
             elements.append({"id": int(m.group(1)), "role": m.group(2), "name": m.group(3),
-                             "checked": bool(m.group(4)), "box": [0, 0, 1, 1]})
+                             "checked": "(checked)" in rest, "box": [0, 0, 1, 1],
+                             **({"value": value.group(1)} if value else {})})
         return oracle_action(task_name, Observation(screenshot=b"", instruction=instruction, elements=elements))
     return policy
 

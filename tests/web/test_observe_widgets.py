@@ -18,6 +18,10 @@ from asyncwebrl.web.oracles import oracle_action
 pytestmark = pytest.mark.browser
 
 
+def box_id(obs):
+    return next(e["id"] for e in obs.elements if e["role"] == "textbox")
+
+
 def _named(obs, name):
     return next(e for e in obs.elements if e["name"] == name)
 
@@ -105,20 +109,28 @@ def test_select_sets_the_whole_selection_of_a_multi_select(runner):
 
 def test_unlabelled_fields_take_the_text_before_them_and_tabs_show_which_is_shown(runner):
     """login-user's fields follow a <label> that names no control: they are listed by that text, not
-    as `textbox ""`; a tab list says which tab is shown, and the mark moves with a click."""
+    as `textbox ""`, and typing changes a field's value, not its name; a tab list says which tab is shown, and the mark moves with a click."""
     async def go():
         env = MiniWoBEnv(EnvConfig(recycle_context_every=100))
         try:
             login = await env.reset(Task("miniwob/login-user", seed=3))
+            typed, _ = await env.step(parse_action(f"type [{login.elements[0]['id']}] [alice]"))
+            blank = await env.reset(Task("miniwob/enter-text", seed=9))
+            box = next(e for e in blank.elements if e["role"] == "textbox")
+            filled, _ = await env.step(parse_action(f"type [{box['id']}] [Kasie]"))
             tabs = await env.reset(Task("miniwob/click-tab-2", seed=3))
             second = _named(tabs, "Tab #2")
             moved, _ = await env.step(parse_action(f"click [{second['id']}]"))
-            return login, tabs, moved
+            return login, typed, filled, tabs, moved
         finally:
             await env.close()
 
-    login, tabs, moved = runner.run(go())
+    login, typed, filled, tabs, moved = runner.run(go())
     assert [e["name"] for e in login.elements if e["role"] == "textbox"] == ["Username", "Password"]
+    # what a field holds is its value, never its name: a typed field keeps its name, a nameless one
+    # stays nameless, so `"Kasie"` can never be read as a field called Kasie
+    assert [e["name"] for e in typed.elements if e["role"] == "textbox"] == ["Username", "Password"]
+    assert '[{}] textbox "" value="Kasie"'.format(box_id(filled)) in elements_text(filled.elements)
     shown = lambda obs: [e["name"] for e in obs.elements if e.get("selected")]  # noqa: E731
     assert shown(tabs) == ["Tab #1"] and shown(moved) == ["Tab #2"]
     assert '"Tab #2" (selected)' in elements_text(moved.elements)
