@@ -430,6 +430,20 @@ class UpdateWeightsFromDistributedRequest(_SGLangReq):
         return self
 
 
+class TensorUpdateTimes(BaseModel):
+    """Where one `/update_weights_from_tensor` call spent its time on the server (our reply adds these
+    to SGLang's {success, message}; a client that does not know them ignores them)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    map_s: float = 0.0
+    """reading the payload and mapping the sender's memory (CUDA IPC / shared-memory handles)"""
+    hold_s: float = 0.0
+    """waiting for the model (generation paused between decode steps)"""
+    copy_s: float = 0.0
+    """the copy into the live parameters, synchronized"""
+
+
 class UpdateWeightsFromTensorRequest(_Body):
     """Body of POST /update_weights_from_tensor (SGLang's same-machine refresh: handles to the sender's
     memory, no network; `weights/ipc.py` writes and reads the payload)."""

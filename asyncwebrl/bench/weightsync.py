@@ -332,16 +332,18 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
 
         def refresh(mb: float):
             sender.bucket_bytes = int(mb * 2**20)
-            rep, _ = bracket.refresh(lambda: sender.transfer(iter(named), meta))
-            return rep
+            rep, moved = bracket.refresh(lambda: sender.transfer(iter(named), meta))
+            return rep, moved
 
         for mb in bucket_mbs:
             refresh(mb)  # warm-up: buffers allocated, handles opened and cached by the server
-        floors, reps = [], {mb: [] for mb in bucket_mbs}
+        floors, reps, moves = [], {mb: [] for mb in bucket_mbs}, {mb: [] for mb in bucket_mbs}
         for _ in range(repeats):
             floors += copy_floor(nbytes, dev, 1)
             for mb in bucket_mbs:
-                reps[mb].append(refresh(mb))
+                rep, moved = refresh(mb)
+                reps[mb].append(rep)
+                moves[mb].append(moved)
         want = params_checksum(named)
         got = control.run(control.acall(srv.address, "/weights_checksum", None, method="GET"))
         served = control.run(control.acall(srv.address, "/model_info", None, method="GET")).get("weight_version")
@@ -353,8 +355,13 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
         if srv is not None:
             srv.stop()
     best = min(bucket_mbs, key=lambda mb: statistics.median(r.total_s for r in reps[mb]))
-    first = reps[best]
+    first, moved = reps[best], moves[best]
     return {
+        # the transfer's split (median over the repeats): the trainer's packing, the server's side
+        "pack_s": statistics.median(m.pack_s for m in moved),
+        "server_map_s": statistics.median(m.server.map_s for m in moved),
+        "server_hold_s": statistics.median(m.server.hold_s for m in moved),
+        "server_copy_s": statistics.median(m.server.copy_s for m in moved),
         "floor_s": statistics.median(floors), "per_tensor_floor_s": statistics.median(floors),
         "refresh_s": statistics.median(r.total_s for r in first),
         **{f"{k}_s": statistics.median(getattr(r, f"{k}_s") for r in first)

@@ -75,6 +75,7 @@ from asyncwebrl.protocol import (
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
+    TensorUpdateTimes,
     error,
     finish_reason,
     ok,
@@ -496,12 +497,18 @@ class InferenceServer:
             raise ProtocolError("update_weights_from_tensor must run between /begin_weight_update and "
                                 "/end_weight_update")
 
+        split: dict[str, float] = {}
+
         def work() -> int:
+            t0 = time.perf_counter()
             named = ipc.named_tensors(ipc.deserialize(req.serialized_named_tensors[0]), req.load_format)
+            t1 = time.perf_counter()
             with self.engine.exclusive(abort_all=req.abort_all_requests):
+                t2 = time.perf_counter()
                 n = ipc.copy_into(self.receiver.params, named)
                 if req.weight_version is not None:
                     self.engine.weight_version = req.weight_version
+                split.update(map_s=t1 - t0, hold_s=t2 - t1, copy_s=time.perf_counter() - t2)
             del named  # drop the mapping of the sender's memory before answering
             return n
 
@@ -513,8 +520,9 @@ class InferenceServer:
                 nbytes = await self._run(work)
             except WeightSyncError as e:  # the caller's payload does not fit: 400, weights unchanged
                 raise ProtocolError(str(e)) from None
-        return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.3f}s",
-                                    weight_version=self.engine.weight_version))
+        return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.4f}s",
+                                    weight_version=self.engine.weight_version,
+                                    **TensorUpdateTimes(**split).model_dump()))
 
     async def destroy_weights_update_group(self, req, request) -> web.Response:
         async with self._weights_lock:

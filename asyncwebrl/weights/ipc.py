@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from asyncwebrl.protocol import TensorUpdateTimes, UpdateWeightsFromTensorRequest
 from asyncwebrl.weights.buckets import Bucket, plan_buckets, tensors_and_meta
 from asyncwebrl.weights.group import WeightSyncError
 
@@ -261,6 +262,10 @@ class IpcTransferReport:
     bytes: int
     seconds: float
     announcements: int
+    pack_s: float = 0.0
+    """the trainer's side: packing (and casting) into the buckets, synchronized"""
+    server: TensorUpdateTimes | None = None
+    """the server's side, summed over the buckets: mapping the handles, waiting for the model, copying"""
 
 
 class SameDeviceSender:
@@ -282,6 +287,7 @@ class SameDeviceSender:
         self.broken = False
         self.group = None
         self._bufs: list[torch.Tensor | None] = [None, None]
+        self._pack_s, self._server = 0.0, TensorUpdateTimes()
         if self.device.type == "cpu":
             share_cpu_memory()
 
@@ -319,6 +325,7 @@ class SameDeviceSender:
         named, meta = tensors_and_meta(named, meta)
         buckets = self.plan(meta)
         t0 = time.perf_counter()
+        self._pack_s, self._server = 0.0, TensorUpdateTimes()
         try:
             self._send(buckets, iter(named))
         except BaseException as e:
@@ -327,7 +334,7 @@ class SameDeviceSender:
                 raise
             raise WeightSyncError(f"same-device weight transfer failed: {type(e).__name__}: {e}") from e
         return IpcTransferReport(len(meta), len(buckets), sum(b.nbytes for b in buckets),
-                                 time.perf_counter() - t0, len(buckets))
+                                 time.perf_counter() - t0, len(buckets), self._pack_s, self._server)
 
     def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         pending = None
@@ -340,10 +347,12 @@ class SameDeviceSender:
                     raise WeightSyncError(f"tensor order differs from the plan: got {name}, planned {s.name}")
                 got.append(t.detach())
             # bucket k-2 used this buffer; it was confirmed before bucket k-1 went out
+            t = time.perf_counter()
             flat = b.pack(got, self._buffer(k % 2, b.nbytes))
             del got
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the bytes exist before the handle travels
+            self._pack_s += time.perf_counter() - t
             if pending is not None:
                 self._confirm(pending, deadline)
             pending = self.control.start(self._update(b, flat))
@@ -353,11 +362,12 @@ class SameDeviceSender:
     async def _update(self, b: Bucket, flat: torch.Tensor) -> None:
         payload = {"flattened_tensor": flat, "metadata": [
             FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start) for s in b.slots]}
-        from asyncwebrl.protocol import UpdateWeightsFromTensorRequest
-
         body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[serialize(payload)], load_format=FLATTENED,
                                               flush_cache=False, abort_all_requests=False).model_dump(exclude_none=True)
-        await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
+        answer = await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
+        times = TensorUpdateTimes.model_validate(answer or {})  # a server that reports none: zeros
+        for f in TensorUpdateTimes.model_fields:
+            setattr(self._server, f, getattr(self._server, f) + getattr(times, f))
 
     def _confirm(self, fut, deadline: float) -> None:
         from asyncwebrl.weights.control import wait_confirmed
