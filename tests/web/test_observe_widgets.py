@@ -130,7 +130,7 @@ def test_unlabelled_fields_take_the_text_before_them_and_tabs_show_which_is_show
     # what a field holds is its value, never its name: a typed field keeps its name, a nameless one
     # stays nameless, so `"Kasie"` can never be read as a field called Kasie
     assert [e["name"] for e in typed.elements if e["role"] == "textbox"] == ["Username", "Password"]
-    assert '[{}] textbox "" value="Kasie"'.format(box_id(filled)) in elements_text(filled.elements)
+    assert f'[{box_id(filled)}] textbox "" value="Kasie"' in elements_text(filled.elements)
     shown = lambda obs: [e["name"] for e in obs.elements if e.get("selected")]  # noqa: E731
     assert shown(tabs) == ["Tab #1"] and shown(moved) == ["Tab #2"]
     assert '"Tab #2" (selected)' in elements_text(moved.elements)
