@@ -386,6 +386,17 @@ class FSDPActor:
         module = PolicyWithLossHead(ref, self.cfg.temperature, image_token_id=self.adapter.image_token_id)
         return module.to(self.device).eval()
 
+    def reset_reference(self) -> None:
+        """The KL term's reference becomes the policy as it is now: after a warm start, RL is held near
+        where it starts (the warm-started version 0), not pulled back to the model before the
+        demonstrations. Collective under FSDP (every rank gathers each parameter in turn)."""
+        if self.ref_module is None:
+            return
+        ref = dict(self.ref_module.policy.named_parameters())
+        with torch.no_grad():
+            for name, t in self.iter_full_parameters():
+                ref[name].copy_(t)
+
     def _filler(self) -> tuple[list[TrainSample], list[dict[str, torch.Tensor]]]:
         pad = self.adapter.tokenizer.pad_token_id
         s = TrainSample(prompt_ids=[pad], output_ids=[pad], behave_logprobs=[0.0], versions=[0], advantage=0.0)

@@ -64,7 +64,7 @@ class WarmStartReport:
 def bc_epochs(actor: Any, samples: list[TrainSample], ws: WarmStartConfig) -> list[WarmStartEpoch]:
     """`ws.epochs` passes of `FSDPActor.bc_step` over `samples` in shuffled minibatches of ws.batch_size
     (the shuffle is seeded: every rank draws the same minibatches), with a fresh AdamW at ws.lr that is
-    dropped afterwards. Collective: every rank calls it with the same samples."""
+    dropped afterwards; the result becomes the KL term's reference. Collective: every rank calls it with the same samples."""
     opt = actor.new_bc_optimizer(ws.lr)
     rng = random.Random(ws.seed)
     order = list(range(len(samples)))
@@ -80,4 +80,5 @@ def bc_epochs(actor: Any, samples: list[TrainSample], ws: WarmStartConfig) -> li
                                   grad_norm=sum(st.grad_norm for st in stats) / len(stats),
                                   time_s=time.perf_counter() - t0))
     del opt
+    actor.reset_reference()  # a KL term (actor.kl_coef) holds RL near the warm-started policy
     return out

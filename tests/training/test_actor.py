@@ -275,3 +275,26 @@ def test_kl_term_starts_at_zero_and_holds_the_policy_near_the_reference():
     assert kls[0] == pytest.approx(0.0, abs=1e-6)  # the first step's policy is the reference
     assert kls[-1] > 0
     assert near < 0.8 * far
+
+
+def test_after_a_warm_start_the_kl_reference_is_the_warm_started_policy():
+    """RL after behaviour cloning is held near where it starts: once `reset_reference` has run (the
+    warm start's last act), the first PPO step's KL to the reference is zero; without it the
+    reference is still the model before the demonstrations."""
+    from asyncwebrl.training.actor import FSDPActor
+    from asyncwebrl.training.config import ActorConfig
+
+    def first_kl(reset: bool) -> float:
+        torch.manual_seed(0)
+        actor = FSDPActor(ActorConfig(path=TINY, mb_max_tokens=4096, kl_coef=1.0), device="cpu")
+        opt = actor.new_bc_optimizer(3e-3)
+        for k in range(3):
+            actor.bc_step(make_samples(actor.adapter, 6, seed=20 + k), optimizer=opt)
+        if reset:
+            actor.reset_reference()
+        kl = actor.train_step(make_samples(actor.adapter, 6, seed=1))["kl_ref"]
+        actor.close()
+        return kl
+
+    assert first_kl(reset=True) == pytest.approx(0.0, abs=1e-6)
+    assert first_kl(reset=False) > 1e-4
