@@ -443,6 +443,10 @@ class TensorUpdateTimes(BaseModel):
     copy_s: float = 0.0
     """the copy into the live parameters, synchronized"""
 
+    def __add__(self, other: TensorUpdateTimes) -> TensorUpdateTimes:
+        return TensorUpdateTimes(map_s=self.map_s + other.map_s, hold_s=self.hold_s + other.hold_s,
+                                 copy_s=self.copy_s + other.copy_s)
+
 
 class UpdateWeightsFromTensorRequest(_Body):
     """Body of POST /update_weights_from_tensor (SGLang's same-machine refresh: handles to the sender's

@@ -332,18 +332,15 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
 
         def refresh(mb: float):
             sender.bucket_bytes = int(mb * 2**20)
-            rep, moved = bracket.refresh(lambda: sender.transfer(iter(named), meta))
-            return rep, moved
+            return bracket.refresh(lambda: sender.transfer(iter(named), meta))  # (bracket report, transfer report)
 
         for mb in bucket_mbs:
             refresh(mb)  # warm-up: buffers allocated, handles opened and cached by the server
-        floors, reps, moves = [], {mb: [] for mb in bucket_mbs}, {mb: [] for mb in bucket_mbs}
+        floors, runs = [], {mb: [] for mb in bucket_mbs}
         for _ in range(repeats):
             floors += copy_floor(nbytes, dev, 1)
             for mb in bucket_mbs:
-                rep, moved = refresh(mb)
-                reps[mb].append(rep)
-                moves[mb].append(moved)
+                runs[mb].append(refresh(mb))
         want = params_checksum(named)
         got = control.run(control.acall(srv.address, "/weights_checksum", None, method="GET"))
         served = control.run(control.acall(srv.address, "/model_info", None, method="GET")).get("weight_version")
@@ -354,8 +351,9 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
             control.close()
         if srv is not None:
             srv.stop()
+    reps = {mb: [rep for rep, _ in rs] for mb, rs in runs.items()}
     best = min(bucket_mbs, key=lambda mb: statistics.median(r.total_s for r in reps[mb]))
-    first, moved = reps[best], moves[best]
+    first, moved = reps[best], [m for _, m in runs[best]]
     return {
         # the transfer's split (median over the repeats): the trainer's packing, the server's side
         "pack_s": statistics.median(m.pack_s for m in moved),

@@ -497,7 +497,7 @@ class InferenceServer:
             raise ProtocolError("update_weights_from_tensor must run between /begin_weight_update and "
                                 "/end_weight_update")
 
-        split: dict[str, float] = {}
+        times = TensorUpdateTimes()
 
         def work() -> int:
             t0 = time.perf_counter()
@@ -508,7 +508,7 @@ class InferenceServer:
                 n = ipc.copy_into(self.receiver.params, named)
                 if req.weight_version is not None:
                     self.engine.weight_version = req.weight_version
-                split.update(map_s=t1 - t0, hold_s=t2 - t1, copy_s=time.perf_counter() - t2)
+                times.map_s, times.hold_s, times.copy_s = t1 - t0, t2 - t1, time.perf_counter() - t2
             del named  # drop the mapping of the sender's memory before answering
             return n
 
@@ -522,7 +522,7 @@ class InferenceServer:
                 raise ProtocolError(str(e)) from None
         return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.4f}s",
                                     weight_version=self.engine.weight_version,
-                                    **TensorUpdateTimes(**split).model_dump()))
+                                    **times.model_dump()))
 
     async def destroy_weights_update_group(self, req, request) -> web.Response:
         async with self._weights_lock:

@@ -64,7 +64,8 @@ class WarmStartReport:
 def bc_epochs(actor: Any, samples: list[TrainSample], ws: WarmStartConfig) -> list[WarmStartEpoch]:
     """`ws.epochs` passes of `FSDPActor.bc_step` over `samples` in shuffled minibatches of ws.batch_size
     (the shuffle is seeded: every rank draws the same minibatches), with a fresh AdamW at ws.lr that is
-    dropped afterwards; the result becomes the KL term's reference. Collective: every rank calls it with the same samples."""
+    dropped afterwards; the result becomes the KL term's reference. Collective: every rank calls it with
+    the same samples."""
     opt = actor.new_bc_optimizer(ws.lr)
     rng = random.Random(ws.seed)
     order = list(range(len(samples)))

@@ -82,11 +82,11 @@ class ControlChannel:
         self._loop.stop(10)
 
 
-def wait_confirmed(fut: Future, deadline: float, what: str) -> None:
-    """Wait for a control call started with `ControlChannel.start` until the monotonic `deadline`; a
-    call still running then is a WeightSyncError saying `what` was not confirmed."""
+def wait_confirmed(fut: Future, deadline: float, what: str) -> Any:
+    """Wait for a control call started with `ControlChannel.start` until the monotonic `deadline` and
+    return its result; a call still running then is a WeightSyncError saying `what` was not confirmed."""
     try:
-        fut.result(timeout=max(0.1, deadline - time.monotonic()))
+        return fut.result(timeout=max(0.1, deadline - time.monotonic()))
     except WeightSyncError:
         raise
     except TimeoutError as e:

@@ -262,9 +262,9 @@ class IpcTransferReport:
     bytes: int
     seconds: float
     announcements: int
-    pack_s: float = 0.0
+    pack_s: float
     """the trainer's side: packing (and casting) into the buckets, synchronized"""
-    server: TensorUpdateTimes | None = None
+    server: TensorUpdateTimes
     """the server's side, summed over the buckets: mapping the handles, waiting for the model, copying"""
 
 
@@ -287,7 +287,6 @@ class SameDeviceSender:
         self.broken = False
         self.group = None
         self._bufs: list[torch.Tensor | None] = [None, None]
-        self._pack_s, self._server = 0.0, TensorUpdateTimes()
         if self.device.type == "cpu":
             share_cpu_memory()
 
@@ -325,19 +324,21 @@ class SameDeviceSender:
         named, meta = tensors_and_meta(named, meta)
         buckets = self.plan(meta)
         t0 = time.perf_counter()
-        self._pack_s, self._server = 0.0, TensorUpdateTimes()
         try:
-            self._send(buckets, iter(named))
+            pack_s, server = self._send(buckets, iter(named))
         except BaseException as e:
             self.broken = not isinstance(e, WeightSyncError)
             if isinstance(e, WeightSyncError):
                 raise
             raise WeightSyncError(f"same-device weight transfer failed: {type(e).__name__}: {e}") from e
         return IpcTransferReport(len(meta), len(buckets), sum(b.nbytes for b in buckets),
-                                 time.perf_counter() - t0, len(buckets), self._pack_s, self._server)
+                                 time.perf_counter() - t0, len(buckets), pack_s, server)
 
-    def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]
+              ) -> tuple[float, TensorUpdateTimes]:
+        """Returns the packing time and the server's times, summed over the buckets."""
         pending = None
+        pack_s, server = 0.0, TensorUpdateTimes()
         deadline = time.monotonic() + self.timeout_s
         for k, b in enumerate(buckets):
             got = []
@@ -352,27 +353,26 @@ class SameDeviceSender:
             del got
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()  # the bytes exist before the handle travels
-            self._pack_s += time.perf_counter() - t
+            pack_s += time.perf_counter() - t
             if pending is not None:
-                self._confirm(pending, deadline)
+                server += self._confirm(pending, deadline)
             pending = self.control.start(self._update(b, flat))
         if pending is not None:
-            self._confirm(pending, deadline)
+            server += self._confirm(pending, deadline)
+        return pack_s, server
 
-    async def _update(self, b: Bucket, flat: torch.Tensor) -> None:
+    async def _update(self, b: Bucket, flat: torch.Tensor) -> TensorUpdateTimes:
         payload = {"flattened_tensor": flat, "metadata": [
             FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start) for s in b.slots]}
         body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[serialize(payload)], load_format=FLATTENED,
                                               flush_cache=False, abort_all_requests=False).model_dump(exclude_none=True)
         answer = await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
-        times = TensorUpdateTimes.model_validate(answer or {})  # a server that reports none: zeros
-        for f in TensorUpdateTimes.model_fields:
-            setattr(self._server, f, getattr(self._server, f) + getattr(times, f))
+        return TensorUpdateTimes.model_validate(answer or {})  # a server that reports none: zeros
 
-    def _confirm(self, fut, deadline: float) -> None:
+    def _confirm(self, fut, deadline: float) -> TensorUpdateTimes:
         from asyncwebrl.weights.control import wait_confirmed
 
-        wait_confirmed(fut, deadline, "the server did not confirm a same-device bucket")
+        return wait_confirmed(fut, deadline, "the server did not confirm a same-device bucket")
 
     def close(self) -> None:
         self._bufs = [None, None]
