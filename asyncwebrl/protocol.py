@@ -448,6 +448,15 @@ class TensorUpdateTimes(BaseModel):
                                  copy_s=self.copy_s + other.copy_s)
 
 
+class TensorUpdateReply(TensorUpdateTimes):
+    """Our reply to `/update_weights_from_tensor` beyond SGLang's {success, message}: the times, and
+    whether the server keeps the mapped payload (then the sender may send the same string again and
+    the server copies without mapping; SGLang maps every payload anew, so a sender resends only when
+    this is true)."""
+
+    handles_kept: bool = False
+
+
 class UpdateWeightsFromTensorRequest(_Body):
     """Body of POST /update_weights_from_tensor (SGLang's same-machine refresh: handles to the sender's
     memory, no network; `weights/ipc.py` writes and reads the payload)."""

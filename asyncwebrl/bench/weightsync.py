@@ -13,12 +13,12 @@ For each model size (random-init llama-shaped parameters with HF names), in ONE 
 Headline: ratio_over_floor = refresh / floor for the largest size.
 
 `path=same_device` (one GPU, issue 31): the server runs on the trainer's device and the refresh is the
-same-device path (`weights/ipc.py`: flat buckets handed over as CUDA IPC handles, SGLang's
-/update_weights_from_tensor, inside the same bracket); the floor is then ONE device-to-device copy of
-the same bytes on that device (on a CPU: one memory copy), timed in the same run. With several `bucket_mb` values
-(e.g. `bucket_mb=256,512,1024,2048`) every size is refreshed at each; `refresh_s` and `bucket_mb`
-are the fastest one's (the project's default `actor.weight_chunked_mem_mb` is chosen from it) and
-`per_bucket_mb` has them all. `disk=1` also times /update_weights_from_disk
+same-device path (`weights/ipc.py`, SGLang's /update_weights_from_tensor, inside the same bracket); the
+floor is then ONE device-to-device copy of the same bytes on that device (on a CPU: one memory copy),
+timed in the same run. `refresh_s` is the path a single trainer rank takes (`resident`: handles to the
+parameters themselves, one call, no packing); the flat-bucket path a sharded rank takes (packed into
+reused buffers, one call per bucket) is timed beside it at every `bucket_mb` (`per_bucket_mb`,
+`bucket_refresh_s` the fastest one's). `disk=1` also times /update_weights_from_disk
 against a plain safetensors read of the same files onto the server's device (hot page cache).
 
 Invariant: every process this module starts is ended before it returns (also on errors).
@@ -330,17 +330,20 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
         bracket = RefreshBracket(None, control, pause_mode, clock=clock)
         meta = [(k, t.dtype, tuple(t.shape)) for k, t in named]
 
-        def refresh(mb: float):
+        def refresh(mb: float | None):  # None: the resident path
+            if mb is None:
+                return bracket.refresh(lambda: sender.transfer(named, resident=True))
             sender.bucket_bytes = int(mb * 2**20)
             return bracket.refresh(lambda: sender.transfer(iter(named), meta))  # (bracket report, transfer report)
 
-        for mb in bucket_mbs:
-            refresh(mb)  # warm-up: buffers allocated, handles opened and cached by the server
-        floors, runs = [], {mb: [] for mb in bucket_mbs}
+        variants: list[float | None] = [None, *bucket_mbs]
+        for v in variants:
+            refresh(v)  # warm-up: buffers allocated, payloads sent once and kept by the server
+        floors, runs = [], {v: [] for v in variants}
         for _ in range(repeats):
             floors += copy_floor(nbytes, dev, 1)
-            for mb in bucket_mbs:
-                runs[mb].append(refresh(mb))
+            for v in variants:
+                runs[v].append(refresh(v))
         want = params_checksum(named)
         got = control.run(control.acall(srv.address, "/weights_checksum", None, method="GET"))
         served = control.run(control.acall(srv.address, "/model_info", None, method="GET")).get("weight_version")
@@ -351,21 +354,25 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
             control.close()
         if srv is not None:
             srv.stop()
-    reps = {mb: [rep for rep, _ in rs] for mb, rs in runs.items()}
+    reps = {v: [rep for rep, _ in rs] for v, rs in runs.items()}
+    first, moved = reps[None], [m for _, m in runs[None]]
     best = min(bucket_mbs, key=lambda mb: statistics.median(r.total_s for r in reps[mb]))
-    first, moved = reps[best], [m for _, m in runs[best]]
     return {
-        # the transfer's split (median over the repeats): the trainer's packing, the server's side
+        # the transfer's split (median over the repeats): the trainer's side, the server's side
         "pack_s": statistics.median(m.pack_s for m in moved),
         "server_map_s": statistics.median(m.server.map_s for m in moved),
         "server_hold_s": statistics.median(m.server.hold_s for m in moved),
         "server_copy_s": statistics.median(m.server.copy_s for m in moved),
+        "resent_frac": sum(m.resent for m in moved) / sum(m.n_buckets for m in moved),
         "floor_s": statistics.median(floors), "per_tensor_floor_s": statistics.median(floors),
         "refresh_s": statistics.median(r.total_s for r in first),
         **{f"{k}_s": statistics.median(getattr(r, f"{k}_s") for r in first)
            for k in ("pause", "begin", "transfer", "finish", "resume")},
-        "n_buckets": first[0].n_buckets, "bucket_mb": best,
-        "per_bucket_mb": {str(mb): statistics.median(r.total_s for r in rs) for mb, rs in reps.items()},
+        "n_calls": first[0].n_buckets,
+        "bucket_mb": best, "bucket_refresh_s": statistics.median(r.total_s for r in reps[best]),
+        "bucket_pack_s": statistics.median(m.pack_s for _, m in runs[best]),
+        "bucket_server_copy_s": statistics.median(m.server.copy_s for _, m in runs[best]),
+        "per_bucket_mb": {str(mb): statistics.median(r.total_s for r in reps[mb]) for mb in bucket_mbs},
         "bit_exact_server": got["sha256"] == want, "served_version": [served], "expected_version": str(clock.value),
         "floors": floors, "totals": [r.total_s for r in first],
     }

@@ -75,7 +75,7 @@ from asyncwebrl.protocol import (
     REQUEST_TYPES,
     GenerateRequest,
     ProtocolError,
-    TensorUpdateTimes,
+    TensorUpdateReply,
     error,
     finish_reason,
     ok,
@@ -130,6 +130,7 @@ class InferenceServer:
         self.control_events: collections.deque[str] = collections.deque(maxlen=256)
         """control endpoints called, oldest first (shown in /server_info; tests check the refresh order)"""
         self.weight_session = False
+        self._kept_handles = None  # weights.ipc.KeptHandles, made on the first same-device update
         """inside /begin_weight_update ... /end_weight_update (SGLang 0.5.x refuses updates outside)"""
         self._weights_lock = asyncio.Lock()
         self._pool: ProcessPoolExecutor | None = None
@@ -497,19 +498,25 @@ class InferenceServer:
             raise ProtocolError("update_weights_from_tensor must run between /begin_weight_update and "
                                 "/end_weight_update")
 
-        times = TensorUpdateTimes()
+        times = TensorUpdateReply(handles_kept=True)
+        if self._kept_handles is None:
+            self._kept_handles = ipc.KeptHandles()
+        kept, data = self._kept_handles, req.serialized_named_tensors[0]
 
         def work() -> int:
             t0 = time.perf_counter()
-            named = ipc.named_tensors(ipc.deserialize(req.serialized_named_tensors[0]), req.load_format)
+            named, _ = kept.named(data, req.load_format)
             t1 = time.perf_counter()
             with self.engine.exclusive(abort_all=req.abort_all_requests):
                 t2 = time.perf_counter()
-                n = ipc.copy_into(self.receiver.params, named)
+                try:
+                    n = ipc.copy_into(self.receiver.params, named)
+                except WeightSyncError:
+                    kept.drop(data)  # refused: its mapping is not kept
+                    raise
                 if req.weight_version is not None:
                     self.engine.weight_version = req.weight_version
                 times.map_s, times.hold_s, times.copy_s = t1 - t0, t2 - t1, time.perf_counter() - t2
-            del named  # drop the mapping of the sender's memory before answering
             return n
 
         async with self._weights_lock:

@@ -102,11 +102,15 @@ class TrainerRank:
         """Send the weights to the servers, gathered one parameter at a time as the buckets fill (all
         ranks take part in the gathers); rank 0's TransferReport, None on the other ranks. The version
         is not sent here: the refresh bracket sets it on the servers once every bucket landed."""
-        named = self.actor.iter_full_parameters()
-        if self.same_device:  # each rank to the server beside it (every rank gathered the full tensors)
+        if self.same_device:  # each rank to the server beside it
             if self.broadcaster is None:
                 raise RuntimeError("broadcast_weights before init_weight_group")
-            return self.broadcaster.transfer(named, meta=self.actor.parameter_meta())
+            resident = self.actor.resident_parameters()
+            if resident is not None:  # one rank, parameters whole: the server copies from them directly
+                return self.broadcaster.transfer(resident, resident=True)
+            # sharded: every rank gathers the full tensors and packs them into flat buckets
+            return self.broadcaster.transfer(self.actor.iter_full_parameters(), meta=self.actor.parameter_meta())
+        named = self.actor.iter_full_parameters()
         if self.rank != 0:
             for _ in named:  # the other ranks' side of each gather
                 pass

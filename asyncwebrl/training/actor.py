@@ -663,6 +663,22 @@ class FSDPActor:
                 t = t.full_tensor()
             yield name, t
 
+    def resident_parameters(self) -> list[tuple[str, torch.Tensor]] | None:
+        """(HF name, the parameter's own memory) in `parameter_meta` order when this one rank holds
+        every parameter whole (no sharding): what the same-device refresh hands the server directly,
+        with nothing gathered or copied. None under sharding (use `iter_full_parameters`)."""
+        if self.distributed:
+            return None
+        out = []
+        for name, p in self.hf.named_parameters():
+            t = p.detach()
+            if hasattr(t, "to_local"):
+                t = t.to_local()
+            if tuple(t.shape) != tuple(p.shape) or not t.is_contiguous():
+                return None
+            out.append((name, t))
+        return out
+
     def full_named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """(HF name, full tensor) of every parameter, tied weights once, in `named_parameters()`
         order; collective under FSDP (every rank must call), only rank 0 gets tensors."""

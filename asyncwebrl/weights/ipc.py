@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from asyncwebrl.protocol import TensorUpdateTimes, UpdateWeightsFromTensorRequest
+from asyncwebrl.protocol import TensorUpdateReply, TensorUpdateTimes, UpdateWeightsFromTensorRequest
 from asyncwebrl.weights.buckets import Bucket, plan_buckets, tensors_and_meta
 from asyncwebrl.weights.group import WeightSyncError
 
@@ -200,11 +200,6 @@ def deserialize(data: str | bytes) -> Any:
         raise WeightSyncError(f"serialized_named_tensors could not be read: {type(e).__name__}: {e}") from e
 
 
-_MAPPED: collections.deque = collections.deque(maxlen=2)
-"""the last two flat buckets mapped from a sender: a sender reuses two buffers, and keeping them mapped
-lets the next refresh find them in torch's handle cache instead of opening the CUDA IPC handle again"""
-
-
 def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of one rank's payload: a flattened bucket's views, or a plain list."""
     if load_format == FLATTENED:
@@ -213,8 +208,6 @@ def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torc
         flat, metas = payload["flattened_tensor"], payload["metadata"]
         if not isinstance(flat, torch.Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
             raise WeightSyncError("flattened_tensor must be a 1-D uint8 tensor")
-        if flat.is_cuda:
-            _MAPPED.append(flat)
         out = []
         for m in metas:
             if not isinstance(m, FlatTensorMeta) or not 0 <= m.start_idx <= m.end_idx <= flat.numel():
@@ -228,6 +221,39 @@ def named_tensors(payload: Any, load_format: str | None) -> list[tuple[str, torc
     if not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in payload):
         raise WeightSyncError("serialized_named_tensors must hold a list of (name, tensor)")
     return [(str(n), t) for n, t in payload]
+
+
+class KeptHandles:
+    """The receiver's mappings of a sender's memory, kept by payload: a sender whose tensors stay where
+    they are (a trainer's own parameters, its reused bucket buffers) sends the same payload string again,
+    and the server finds the mapped (name, tensor) pairs here instead of unpickling and mapping them
+    anew (opening CUDA IPC handles, building one view per tensor: milliseconds per refresh).
+
+    A server that keeps handles says so in its reply (`handles_kept`); only then does a sender resend
+    a payload it already sent, so each handle is opened once on this side (torch counts every opening
+    against the sender's memory). Bounded: the least recently used payload is dropped beyond `size`."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._kept: collections.OrderedDict[str, list[tuple[str, torch.Tensor]]] = collections.OrderedDict()
+
+    def named(self, data: str, load_format: str | None) -> tuple[list[tuple[str, torch.Tensor]], bool]:
+        """(the payload's (name, tensor) pairs, whether they were already mapped)."""
+        hit = self._kept.get(data)
+        if hit is not None:
+            self._kept.move_to_end(data)
+            return hit, True
+        named = named_tensors(deserialize(data), load_format)
+        self._kept[data] = named
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return named, False
+
+    def drop(self, data: str) -> None:
+        self._kept.pop(data, None)
+
+    def clear(self) -> None:
+        self._kept.clear()
 
 
 def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, torch.Tensor]]) -> int:
@@ -244,9 +270,16 @@ def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, tor
     if problems:
         raise WeightSyncError("update rejected (weights unchanged): " + "; ".join(problems[:5]))
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    with torch.no_grad():  # one multi-tensor copy for the payload, not one copy per parameter
-        torch._foreach_copy_([params[name] for name, _ in named], [t for _, t in named], non_blocking=True)
-    devs = {p.device for p in params.values() if p.is_cuda}
+    dst = [params[name] for name, _ in named]
+    with torch.no_grad():
+        if any(p.is_cuda for p in dst):
+            # one copy per tensor: a device-to-device memcpy (or cast) each, at the memory's bandwidth,
+            # their launches overlapping the copies; the multi-tensor copy kernel ran at ~2/3 of it
+            for p, (_, t) in zip(dst, named, strict=True):
+                p.copy_(t, non_blocking=True)
+        else:  # one multi-tensor copy for the payload, not one copy per parameter
+            torch._foreach_copy_(dst, [t for _, t in named], non_blocking=True)
+    devs = {p.device for p in dst if p.is_cuda}
     for d in devs:
         torch.cuda.current_stream(d).synchronize()
     return nbytes
@@ -259,20 +292,33 @@ class IpcTransferReport:
 
     n_tensors: int
     n_buckets: int
+    """update calls: one per flat bucket, or one for the whole model (`resident`)"""
     bytes: int
     seconds: float
     announcements: int
     pack_s: float
-    """the trainer's side: packing (and casting) into the buckets, synchronized"""
+    """the trainer's side: packing (and casting) into the buckets, or serializing the handles, synchronized"""
     server: TensorUpdateTimes
-    """the server's side, summed over the buckets: mapping the handles, waiting for the model, copying"""
+    """the server's side, summed over the calls: mapping the handles, waiting for the model, copying"""
+    resent: int = 0
+    """calls whose payload the server had mapped already (it keeps handles): nothing serialized or mapped"""
 
 
 class SameDeviceSender:
     """A trainer rank's side of the same-device refresh to one server (see the module docstring).
 
+    Two forms. Flat buckets (any tensors, e.g. gathered ones): packed into two reused buffers, one
+    handle per bucket. `resident=True` (the trainer's own parameters, whole, where they live between
+    refreshes: a single rank): one call carrying a handle to each tensor, no packing; the server copies
+    (and casts) from them directly, so the refresh is one pass over the weights. Either way, once the
+    server says it keeps handles, a payload whose tensors have not moved is sent again as the same
+    string, and the server copies without mapping anything.
+
     The interface of `sender.WeightSender` (init_group, transfer, close, broken) so the trainer host
     and the bench use either; there is no process group to form, only the server's device to check."""
+
+    _SENT_KEEP = 64
+    """payload strings remembered for resending (the receiver keeps at least as many mappings)"""
 
     def __init__(self, server: str, api_key: str | None = None, *, device: str = "cpu",
                  bucket_mb: float = 2048, timeout_s: float = 120.0, wire_dtype: torch.dtype | None = None):
@@ -286,7 +332,10 @@ class SameDeviceSender:
         self.wire_dtype = wire_dtype
         self.broken = False
         self.group = None
+        self.server_keeps_handles = False
+        """learned from the server's replies: only then are payload strings resent"""
         self._bufs: list[torch.Tensor | None] = [None, None]
+        self._sent: collections.OrderedDict[tuple, tuple[str, list[torch.Tensor]]] = collections.OrderedDict()
         if self.device.type == "cpu":
             share_cpu_memory()
 
@@ -317,28 +366,71 @@ class SameDeviceSender:
         return b
 
     def transfer(self, named: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor],
-                 meta: Sequence[tuple[str, torch.dtype, Sequence[int]]] | None = None) -> IpcTransferReport:
-        """Pack bucket by bucket and have the server copy each; returns when the last one is in."""
+                 meta: Sequence[tuple[str, torch.dtype, Sequence[int]]] | None = None,
+                 resident: bool = False) -> IpcTransferReport:
+        """Have the server copy every tensor; returns when the last one is in. `resident`: the tensors
+        are the trainer's own, whole, and stay where they are between refreshes (see the class doc)."""
         if self.broken:
             raise WeightSyncError("the same-device sender is broken: call init_group() again")
-        named, meta = tensors_and_meta(named, meta)
-        buckets = self.plan(meta)
         t0 = time.perf_counter()
         try:
-            pack_s, server = self._send(buckets, iter(named))
+            if resident:
+                named = list(named.items()) if isinstance(named, dict) else list(named)
+                n_tensors, n_calls, nbytes = len(named), 1, sum(t.numel() * t.element_size() for _, t in named)
+                pack_s, server, resent = self._send_resident(named)
+            else:
+                named, meta = tensors_and_meta(named, meta)
+                buckets = self.plan(meta)
+                n_tensors, n_calls, nbytes = len(meta), len(buckets), sum(b.nbytes for b in buckets)
+                pack_s, server, resent = self._send(buckets, iter(named))
         except BaseException as e:
             self.broken = not isinstance(e, WeightSyncError)
             if isinstance(e, WeightSyncError):
                 raise
             raise WeightSyncError(f"same-device weight transfer failed: {type(e).__name__}: {e}") from e
-        return IpcTransferReport(len(meta), len(buckets), sum(b.nbytes for b in buckets),
-                                 time.perf_counter() - t0, len(buckets), pack_s, server)
+        return IpcTransferReport(n_tensors, n_calls, nbytes, time.perf_counter() - t0, n_calls, pack_s, server, resent)
+
+    def _payload(self, key: tuple, make: Any) -> tuple[str, bool]:
+        """The serialized payload for `key`: the string sent before when the server keeps handles,
+        else a fresh one (`make()` -> (object to serialize, tensors it refers to))."""
+        if self.server_keeps_handles:
+            hit = self._sent.get(key)
+            if hit is not None:
+                self._sent.move_to_end(key)
+                return hit[0], True
+        obj, tensors = make()
+        data = serialize(obj)
+        # the tensors stay referenced while their string may be resent: their memory cannot be reused
+        self._sent[key] = (data, tensors)
+        while len(self._sent) > self._SENT_KEEP:
+            self._sent.popitem(last=False)
+        return data, False
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the bytes exist before the handle travels
+
+    def _send_resident(self, named: list[tuple[str, torch.Tensor]]) -> tuple[float, TensorUpdateTimes, int]:
+        t = time.perf_counter()
+        for name, x in named:
+            if x.device != self.device or not x.is_contiguous():
+                raise WeightSyncError(f"resident tensor '{name}' must be contiguous on {self.device}, "
+                                      f"is on {x.device}{'' if x.is_contiguous() else ', strided'}")
+            if x.device.type == "cpu" and not x.is_shared():
+                x.share_memory_()  # moved into a named segment once; it stays there
+        key = ("resident", tuple((n, x.data_ptr(), x.dtype, tuple(x.shape)) for n, x in named))
+        data, resent = self._payload(key, lambda: ([(n, x.detach()) for n, x in named], [x for _, x in named]))
+        self._sync()
+        pack_s = time.perf_counter() - t
+        deadline = time.monotonic() + self.timeout_s
+        server = self._confirm(self.control.start(self._update(data, None)), deadline)
+        return pack_s, server, int(resent)
 
     def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]
-              ) -> tuple[float, TensorUpdateTimes]:
-        """Returns the packing time and the server's times, summed over the buckets."""
+              ) -> tuple[float, TensorUpdateTimes, int]:
+        """Returns the packing time, the server's times summed over the buckets, and the resent count."""
         pending = None
-        pack_s, server = 0.0, TensorUpdateTimes()
+        pack_s, server, resent = 0.0, TensorUpdateTimes(), 0
         deadline = time.monotonic() + self.timeout_s
         for k, b in enumerate(buckets):
             got = []
@@ -351,29 +443,34 @@ class SameDeviceSender:
             t = time.perf_counter()
             flat = b.pack(got, self._buffer(k % 2, b.nbytes))
             del got
-            if self.device.type == "cuda":
-                torch.cuda.current_stream(self.device).synchronize()  # the bytes exist before the handle travels
+            self._sync()
+            key = ("bucket", flat.data_ptr(), tuple((s.name, s.dtype, tuple(s.shape), s.start, s.end) for s in b.slots))
+            data, again = self._payload(key, lambda: ({"flattened_tensor": flat, "metadata": [
+                FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start)
+                for s in b.slots]}, [flat]))  # noqa: B023 - called right here
+            resent += again
             pack_s += time.perf_counter() - t
             if pending is not None:
                 server += self._confirm(pending, deadline)
-            pending = self.control.start(self._update(b, flat))
+            pending = self.control.start(self._update(data, FLATTENED))
         if pending is not None:
             server += self._confirm(pending, deadline)
-        return pack_s, server
+        return pack_s, server, resent
 
-    async def _update(self, b: Bucket, flat: torch.Tensor) -> TensorUpdateTimes:
-        payload = {"flattened_tensor": flat, "metadata": [
-            FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start) for s in b.slots]}
-        body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[serialize(payload)], load_format=FLATTENED,
+    async def _update(self, data: str, load_format: str | None) -> TensorUpdateTimes:
+        body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[data], load_format=load_format,
                                               flush_cache=False, abort_all_requests=False).model_dump(exclude_none=True)
         answer = await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
-        return TensorUpdateTimes.model_validate(answer or {})  # a server that reports none: zeros
+        reply = TensorUpdateReply.model_validate(answer or {})  # a server that reports none: zeros
+        self.server_keeps_handles = reply.handles_kept
+        return TensorUpdateTimes(map_s=reply.map_s, hold_s=reply.hold_s, copy_s=reply.copy_s)
 
     def _confirm(self, fut, deadline: float) -> TensorUpdateTimes:
         from asyncwebrl.weights.control import wait_confirmed
 
-        return wait_confirmed(fut, deadline, "the server did not confirm a same-device bucket")
+        return wait_confirmed(fut, deadline, "the server did not confirm a same-device update")
 
     def close(self) -> None:
         self._bufs = [None, None]
+        self._sent.clear()
         self.control.close()

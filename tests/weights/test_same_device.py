@@ -98,6 +98,54 @@ def test_same_device_refresh_is_bit_exact_inside_the_bracket(server, tiny):
         control.close()
 
 
+def test_resident_parameters_land_in_one_call_and_the_server_keeps_their_handles(server, tiny):
+    """A single rank hands over its parameters' own memory: one update call, no packing. The server keeps
+    the mapping, so the next refresh resends the same payload and the server copies what the memory
+    holds now (the optimizer changed it in place), mapping nothing."""
+    named = perturbed(tiny, seed=5)
+    sender = ipc.SameDeviceSender(server, KEY, timeout_s=TIMEOUT_S)
+    control = ControlChannel([server], KEY, TIMEOUT_S)
+    gate = Gate(start=20)
+    try:
+        sender.init_group()
+        mark = len(get(control, server, "/server_info")["control_events"])
+        _, first = RefreshBracket(gate, control, "in_place").refresh(lambda: sender.transfer(named, resident=True))
+        events = get(control, server, "/server_info")["control_events"][mark:]
+        assert events.count("/update_weights_from_tensor") == first.n_buckets == 1
+        assert first.resent == 0 and sender.server_keeps_handles
+        assert get(control, server, "/weights_checksum")["sha256"] == params_checksum(named)
+        with torch.no_grad():  # an optimizer step: the same memory, new values
+            for _, t in named:
+                t.mul_(0.5).add_(0.01)
+        _, again = RefreshBracket(gate, control, "in_place").refresh(lambda: sender.transfer(named, resident=True))
+        served = get(control, server, "/weights_checksum")
+        assert served["sha256"] == params_checksum(named) and served["weight_version"] == "22"
+        assert again.resent == 1 and again.server.map_s < first.server.map_s
+    finally:
+        sender.close()
+        control.close()
+
+
+def test_a_bucket_payload_is_resent_only_to_a_server_that_keeps_handles(server, tiny):
+    """SGLang maps every payload anew (and counts each opening against the sender's memory), so a sender
+    resends a payload string only after the server said it keeps the mapping."""
+    named = perturbed(tiny, seed=6)
+    sender = ipc.SameDeviceSender(server, KEY, bucket_mb=1, timeout_s=TIMEOUT_S)
+    control = ControlChannel([server], KEY, TIMEOUT_S)
+    try:
+        sender.init_group()
+        assert not sender.server_keeps_handles  # nothing heard yet: every payload is fresh
+        _, first = RefreshBracket(Gate(30), control, "in_place").refresh(lambda: sender.transfer(named))
+        assert first.resent == 0 and sender.server_keeps_handles
+        named2 = perturbed(tiny, seed=7)  # other tensors, packed into the same two buffers
+        _, again = RefreshBracket(Gate(31), control, "in_place").refresh(lambda: sender.transfer(named2))
+        assert again.resent == again.n_buckets > 1
+        assert get(control, server, "/weights_checksum")["sha256"] == params_checksum(named2)
+    finally:
+        sender.close()
+        control.close()
+
+
 def test_unfit_or_untrusted_payload_is_refused_and_old_weights_serve(server, tiny):
     control = ControlChannel([server], KEY, TIMEOUT_S)
     sender = ipc.SameDeviceSender(server, KEY, bucket_mb=1, timeout_s=TIMEOUT_S)
