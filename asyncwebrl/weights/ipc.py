@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import collections
 import copyreg
+import functools
 import io
 import pickle
 import time
@@ -304,6 +305,12 @@ class IpcTransferReport:
     """calls whose payload the server had mapped already (it keeps handles): nothing serialized or mapped"""
 
 
+def _bucket_payload(b: Bucket, flat: torch.Tensor) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """A flattened bucket's payload (SGLang's layout) and the tensor its handle refers to."""
+    return {"flattened_tensor": flat, "metadata": [
+        FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start) for s in b.slots]}, [flat]
+
+
 class SameDeviceSender:
     """A trainer rank's side of the same-device refresh to one server (see the module docstring).
 
@@ -445,9 +452,7 @@ class SameDeviceSender:
             del got
             self._sync()
             key = ("bucket", flat.data_ptr(), tuple((s.name, s.dtype, tuple(s.shape), s.start, s.end) for s in b.slots))
-            data, again = self._payload(key, lambda: ({"flattened_tensor": flat, "metadata": [
-                FlatTensorMeta(s.name, torch.Size(s.shape), s.dtype, s.start, s.end, s.end - s.start)
-                for s in b.slots]}, [flat]))  # noqa: B023 - called right here
+            data, again = self._payload(key, functools.partial(_bucket_payload, b, flat))
             resent += again
             pack_s += time.perf_counter() - t
             if pending is not None:
