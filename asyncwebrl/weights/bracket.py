@@ -178,7 +178,7 @@ class RefreshBracket:
             t1 = time.perf_counter()
             if ctl is not None:
                 if self.stale:  # a session a failed finish left open on a stale server
-                    ctl.run(_best_effort(ctl, list(self.stale), "/end_weight_update"))
+                    _best_effort(ctl, list(self.stale), "/end_weight_update")
                 session = True
                 ctl.call_all("/begin_weight_update", {}, optional=True)
             t2 = time.perf_counter()
@@ -194,7 +194,7 @@ class RefreshBracket:
             t3 = time.perf_counter()
             if ctl is not None:
                 finished = True
-                stale = ctl.run(self._finish(ctl, version))
+                stale = self._finish(ctl, version)
             if advance and self.clock.advance() != version:
                 raise VersionDrift(f"the version moved under a refresh to {version} (two brackets at once?)")
             if self.gate is not None:
@@ -209,10 +209,10 @@ class RefreshBracket:
             t5 = time.perf_counter()
             self.stale = stale
             if ctl is not None and session and not finished:  # a later refresh must be able to begin
-                ctl.run(_best_effort(ctl, ctl.servers, "/end_weight_update"))
+                _best_effort(ctl, ctl.servers, "/end_weight_update")
             try:
                 if ctl is not None and paused:
-                    ctl.run(_continue(ctl, [s for s in ctl.servers if s not in stale]))
+                    _continue(ctl, [s for s in ctl.servers if s not in stale])
             finally:
                 if self.gate is not None:
                     self.gate.resume()
@@ -224,59 +224,57 @@ class RefreshBracket:
         return rep, result
 
 
-async def _retried(ctl: ControlChannel, server: str, endpoint: str, body: dict[str, Any],
-                   optional: bool = False) -> WeightSyncError | None:
+def _retried(ctl: ControlChannel, server: str, endpoint: str, body: dict[str, Any],
+             optional: bool = False) -> WeightSyncError | None:
     """One finish call, tried `FINISH_ATTEMPTS` times; the last error, or None once it succeeded."""
-    import asyncio
-
     err: WeightSyncError | None = None
     for attempt in range(FINISH_ATTEMPTS):
         if attempt:
-            await asyncio.sleep(FINISH_RETRY_S * attempt)
+            time.sleep(FINISH_RETRY_S * attempt)
         try:
-            await ctl.acall(server, endpoint, body, optional=optional)
+            ctl.call(server, endpoint, body, optional=optional)
             return None
         except WeightSyncError as e:
             err = e
     return err
 
 
-async def _finish_calls(ctl: ControlChannel, version: int, flush: bool) -> dict[str, str]:
+def _finish_calls(ctl: ControlChannel, version: int, flush: bool) -> dict[str, str]:
     """Close the session and drop cached prefixes (unless requests hold KV) on every server, then
     set the version on those that passed: a server reports the new version only once nothing of
     the old weights is left there. Returns the servers that failed (address -> error)."""
-    import asyncio
 
-    async def close(s: str) -> WeightSyncError | None:
-        err = await _retried(ctl, s, "/end_weight_update", {}, optional=True)
+    def close(s: str) -> WeightSyncError | None:
+        err = _retried(ctl, s, "/end_weight_update", {}, optional=True)
         if err is None and flush:
-            err = await _retried(ctl, s, "/flush_cache", {}, optional=True)
+            err = _retried(ctl, s, "/flush_cache", {}, optional=True)
         return err
 
-    stale = {s: str(e) for s, e in zip(ctl.servers, await asyncio.gather(*(close(s) for s in ctl.servers)),
-                                       strict=True) if e is not None}
+    stale = {s: str(e) for s, e in zip(ctl.servers, ctl.each(close), strict=True) if e is not None}
     label = [s for s in ctl.servers if s not in stale]
     body = {"new_version": str(version), "abort_all_requests": False}
-    errs = await asyncio.gather(*(_retried(ctl, s, "/update_weight_version", body) for s in label))
+    errs = ctl.each(lambda s: _retried(ctl, s, "/update_weight_version", body), label)
     stale.update({s: str(e) for s, e in zip(label, errs, strict=True) if e is not None})
     return stale
 
 
-async def _continue(ctl: ControlChannel, servers: list[str]) -> None:
+def _continue(ctl: ControlChannel, servers: list[str]) -> None:
     """/continue_generation to `servers`; every one is tried, the first failure is raised."""
-    import asyncio
-
-    errs = await asyncio.gather(*(_retried(ctl, s, "/continue_generation", {}) for s in servers))
-    for e in errs:
+    for e in ctl.each(lambda s: _retried(ctl, s, "/continue_generation", {}), servers):
         if e is not None:
             raise e
 
 
-async def _best_effort(ctl: ControlChannel, servers: list[str], endpoint: str) -> None:
+def _best_effort(ctl: ControlChannel, servers: list[str], endpoint: str) -> None:
     """`endpoint` once to each of `servers`, errors ignored (closing what may be open)."""
-    import asyncio
 
-    await asyncio.gather(*(ctl.acall(s, endpoint, {}, optional=True) for s in servers), return_exceptions=True)
+    def once(s: str) -> None:
+        try:
+            ctl.call(s, endpoint, {}, optional=True)
+        except WeightSyncError:
+            pass
+
+    ctl.each(once, servers)
 
 
 def _touched(err: BaseException, servers: list[str]) -> dict[str, str]:

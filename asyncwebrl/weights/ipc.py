@@ -349,8 +349,7 @@ class SameDeviceSender:
     def init_group(self) -> None:
         """Nothing to rendezvous; the server must answer (and take the same-device update)."""
         try:
-            self.control.run(self.control.acall(self.servers[0], "/health", None, method="GET",
-                                                timeout_s=min(30.0, self.timeout_s)))
+            self.control.call(self.servers[0], "/health", None, method="GET", timeout_s=min(30.0, self.timeout_s))
         except WeightSyncError:
             self.broken = True
             raise
@@ -429,9 +428,10 @@ class SameDeviceSender:
         data, resent = self._payload(key, lambda: ([(n, x.detach()) for n, x in named], [x for _, x in named]))
         self._sync()
         pack_s = time.perf_counter() - t
-        deadline = time.monotonic() + self.timeout_s
-        server = self._confirm(self.control.start(self._update(data, None)), deadline)
-        return pack_s, server, int(resent)
+        # one call, nothing to overlap it with: made on this thread (no event loop in between)
+        answer = self.control.call(self.servers[0], "/update_weights_from_tensor", self._body(data, None),
+                                   timeout_s=self.timeout_s)
+        return pack_s, self._times(answer), int(resent)
 
     def _send(self, buckets: list[Bucket], tensors: Iterator[tuple[str, torch.Tensor]]
               ) -> tuple[float, TensorUpdateTimes, int]:
@@ -462,13 +462,20 @@ class SameDeviceSender:
             server += self._confirm(pending, deadline)
         return pack_s, server, resent
 
-    async def _update(self, data: str, load_format: str | None) -> TensorUpdateTimes:
-        body = UpdateWeightsFromTensorRequest(serialized_named_tensors=[data], load_format=load_format,
+    @staticmethod
+    def _body(data: str, load_format: str | None) -> dict[str, Any]:
+        return UpdateWeightsFromTensorRequest(serialized_named_tensors=[data], load_format=load_format,
                                               flush_cache=False, abort_all_requests=False).model_dump(exclude_none=True)
-        answer = await self.control.acall(self.servers[0], "/update_weights_from_tensor", body, timeout_s=self.timeout_s)
+
+    def _times(self, answer: dict[str, Any] | None) -> TensorUpdateTimes:
         reply = TensorUpdateReply.model_validate(answer or {})  # a server that reports none: zeros
         self.server_keeps_handles = reply.handles_kept
         return TensorUpdateTimes(map_s=reply.map_s, hold_s=reply.hold_s, copy_s=reply.copy_s)
+
+    async def _update(self, data: str, load_format: str | None) -> TensorUpdateTimes:
+        answer = await self.control.acall(self.servers[0], "/update_weights_from_tensor", self._body(data, load_format),
+                                          timeout_s=self.timeout_s)
+        return self._times(answer)
 
     def _confirm(self, fut, deadline: float) -> TensorUpdateTimes:
         from asyncwebrl.weights.control import wait_confirmed
