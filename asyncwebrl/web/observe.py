@@ -87,9 +87,12 @@ ELEMENTS_FN = r"""
     const cap = tb.getAttribute('aria-label') || (tb.caption ? tb.caption.innerText : '');
     return clean(cap) || plainText(tb.previousElementSibling);
   };
-  // text just before an unnamed control among its siblings (a spinner's arrows follow its input)
-  const nearby = (e) => {
+  // text just before an unnamed control among its siblings (a spinner's arrows follow its input);
+  // for a text field (`ownText`) the search stops at another control: a button's or link's text names
+  // that control, not the field after it
+  const nearby = (e, ownText) => {
     for (let x = e.previousSibling; x; x = x.previousSibling) {
+      if (ownText && x.nodeType === 1 && (x.matches(STRONG) || x.querySelector(STRONG))) return '';
       const t = clean(x.nodeType === 3 ? x.nodeValue : (x.nodeType === 1 ? x.innerText : ''));
       if (t) return t;
     }
@@ -105,7 +108,7 @@ ELEMENTS_FN = r"""
     // sibling <label> that names no control: login forms); never what it holds (that is its value)
     if (!n && e.tagName === 'INPUT' && ['button', 'submit', 'reset'].includes(e.type)) n = e.value || '';
     if (!n && (e.tagName === 'INPUT' || e.tagName === 'TEXTAREA'))
-      n = e.getAttribute('placeholder') || e.getAttribute('title') || nearby(e) || '';
+      n = e.getAttribute('placeholder') || e.getAttribute('title') || nearby(e, true) || '';
     if (!n) n = e.innerText || '';
     if (!clean(n)) n = e.getAttribute('title') || e.getAttribute('alt') || '';
     if (!clean(n)) {

@@ -134,3 +134,19 @@ def test_unlabelled_fields_take_the_text_before_them_and_tabs_show_which_is_show
     shown = lambda obs: [e["name"] for e in obs.elements if e.get("selected")]  # noqa: E731
     assert shown(tabs) == ["Tab #1"] and shown(moved) == ["Tab #2"]
     assert '"Tab #2" (selected)' in elements_text(moved.elements)
+
+
+def test_a_text_field_after_a_button_is_not_named_by_the_button(runner):
+    """click-button seed 2 puts a text field right after the `ok` button: the field must not be listed
+    as a second `ok` (the button's text names the button), only the button is."""
+    async def go():
+        env = MiniWoBEnv(EnvConfig(recycle_context_every=100))
+        try:
+            return await env.reset(Task("miniwob/click-button", seed=2))
+        finally:
+            await env.close()
+
+    obs = runner.run(go())
+    named_ok = [e["role"] for e in obs.elements if e["name"] == "ok"]
+    assert named_ok == ["button"], elements_text(obs.elements)
+    assert oracle_action("click-button", obs) == f"click [{_named(obs, 'ok')['id']}]"
