@@ -505,12 +505,12 @@ class InferenceServer:
 
         def work() -> int:
             t0 = time.perf_counter()
-            named, _ = kept.named(data, req.load_format)
+            named, memo, _ = kept.named(data, req.load_format)
             t1 = time.perf_counter()
             with self.engine.exclusive(abort_all=req.abort_all_requests):
                 t2 = time.perf_counter()
                 try:
-                    n = ipc.copy_into(self.receiver.params, named)
+                    n = ipc.copy_into(self.receiver.params, named, memo)
                 except WeightSyncError:
                     kept.drop(data)  # refused: its mapping is not kept
                     raise

@@ -236,19 +236,21 @@ class KeptHandles:
 
     def __init__(self, size: int = 64):
         self.size = size
-        self._kept: collections.OrderedDict[str, list[tuple[str, torch.Tensor]]] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[str, tuple[list[tuple[str, torch.Tensor]], dict[str, Any]]] = \
+            collections.OrderedDict()
 
-    def named(self, data: str, load_format: str | None) -> tuple[list[tuple[str, torch.Tensor]], bool]:
-        """(the payload's (name, tensor) pairs, whether they were already mapped)."""
+    def named(self, data: str, load_format: str | None) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Any], bool]:
+        """(the payload's (name, tensor) pairs, its landing memo for `copy_into`, whether it was mapped
+        already)."""
         hit = self._kept.get(data)
         if hit is not None:
             self._kept.move_to_end(data)
-            return hit, True
+            return hit[0], hit[1], True
         named = named_tensors(deserialize(data), load_format)
-        self._kept[data] = named
+        self._kept[data] = (named, {})
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
-        return named, False
+        return named, self._kept[data][1], False
 
     def drop(self, data: str) -> None:
         self._kept.pop(data, None)
@@ -257,30 +259,37 @@ class KeptHandles:
         self._kept.clear()
 
 
-def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, torch.Tensor]]) -> int:
+def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, torch.Tensor]],
+              memo: dict[str, Any] | None = None) -> int:
     """Copy every (name, tensor) into `params` after checking them all (a mismatch changes nothing);
     returns the bytes copied. The copy runs on the receiver's current stream and is waited for, so
-    the sender may reuse the memory once this returns."""
-    problems = []
-    for name, t in named:
-        p = params.get(name)
-        if p is None:
-            problems.append(f"unknown parameter '{name}'")
-        elif tuple(p.shape) != tuple(t.shape):
-            problems.append(f"shape of '{name}' is {list(p.shape)}, sent {list(t.shape)}")
-    if problems:
-        raise WeightSyncError("update rejected (weights unchanged): " + "; ".join(problems[:5]))
-    nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    dst = [params[name] for name, _ in named]
+    the sender may reuse the memory once this returns. `memo` (a kept payload's) remembers the checked
+    destinations: the next copy of the same payload only checks that they are still the parameters."""
+    dst = memo.get("dst") if memo is not None else None
+    if dst is None or not all(params.get(n) is p for (n, _), p in zip(named, dst, strict=True)):
+        problems = []
+        for name, t in named:
+            p = params.get(name)
+            if p is None:
+                problems.append(f"unknown parameter '{name}'")
+            elif tuple(p.shape) != tuple(t.shape):
+                problems.append(f"shape of '{name}' is {list(p.shape)}, sent {list(t.shape)}")
+        if problems:
+            raise WeightSyncError("update rejected (weights unchanged): " + "; ".join(problems[:5]))
+        dst = [params[name] for name, _ in named]
+        if memo is not None:
+            memo.update(dst=dst, nbytes=sum(t.numel() * t.element_size() for _, t in named),
+                        devices={p.device for p in dst if p.is_cuda})
+    nbytes = memo["nbytes"] if memo is not None else sum(t.numel() * t.element_size() for _, t in named)
+    devs = memo["devices"] if memo is not None else {p.device for p in dst if p.is_cuda}
     with torch.no_grad():
-        if any(p.is_cuda for p in dst):
+        if devs:
             # one copy per tensor: a device-to-device memcpy (or cast) each, at the memory's bandwidth,
             # their launches overlapping the copies; the multi-tensor copy kernel ran at ~2/3 of it
             for p, (_, t) in zip(dst, named, strict=True):
                 p.copy_(t, non_blocking=True)
         else:  # one multi-tensor copy for the payload, not one copy per parameter
             torch._foreach_copy_(dst, [t for _, t in named], non_blocking=True)
-    devs = {p.device for p in dst if p.is_cuda}
     for d in devs:
         torch.cuda.current_stream(d).synchronize()
     return nbytes
