@@ -148,7 +148,9 @@ class _KeptConnection:
 
     def __init__(self, addr: str):
         u = urlsplit(addr)
-        self.host, self.port = u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
+        if not u.hostname:
+            raise ValueError(f"server address without a host: {addr!r}")
+        self.host, self.port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
         self.https = u.scheme == "https"
         self.conn: http.client.HTTPConnection | None = None
         self.used = 0.0
