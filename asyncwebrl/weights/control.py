@@ -14,7 +14,6 @@ be missing on a server (HTTP 404: an older SGLang without update sessions) and t
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -95,15 +94,6 @@ class ControlChannel:
         futs = [self._pool.submit(fn, s) for s in servers]
         wait(futs)
         return [f.result() for f in futs]
-
-    async def acall_all(self, endpoint: str, body: dict[str, Any] | None = None, *, optional: bool = False,
-                        timeout_s: float | None = None) -> dict[str, dict[str, Any] | None]:
-        answers = await asyncio.gather(*(self.acall(s, endpoint, body, optional=optional, timeout_s=timeout_s)
-                                         for s in self.servers), return_exceptions=True)
-        for a in answers:
-            if isinstance(a, BaseException):
-                raise a
-        return dict(zip(self.servers, answers, strict=True))
 
     def call_all(self, endpoint: str, body: dict[str, Any] | None = None, *, optional: bool = False,
                  timeout_s: float | None = None) -> dict[str, dict[str, Any] | None]:

@@ -255,9 +255,6 @@ class KeptHandles:
     def drop(self, data: str) -> None:
         self._kept.pop(data, None)
 
-    def clear(self) -> None:
-        self._kept.clear()
-
 
 def copy_into(params: Mapping[str, torch.Tensor], named: Sequence[tuple[str, torch.Tensor]],
               memo: dict[str, Any] | None = None) -> int:
