@@ -370,7 +370,11 @@ class SameDeviceSender:
     def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
         b = self._bufs[slot]
         if b is None or b.numel() < nbytes:
-            self._bufs[slot] = None
+            if b is not None:  # payloads of the outgrown buffer are never resent: let it go
+                old = b.data_ptr()
+                for key in [k for k in self._sent if k[0] == "bucket" and k[1] == old]:
+                    del self._sent[key]
+            self._bufs[slot] = b = None
             b = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             if b.device.type == "cpu":
                 b.share_memory_()  # a named segment the server opens (once: the handle is cached there)
