@@ -442,10 +442,13 @@ class TensorUpdateTimes(BaseModel):
     """waiting for the model (generation paused between decode steps)"""
     copy_s: float = 0.0
     """the copy into the live parameters, synchronized"""
+    handler_s: float = 0.0
+    """the whole call on the server, from reading the body to the reply (the three above, parsing, the
+    hand-off to the worker thread); the caller's round trip less this is the transport"""
 
     def __add__(self, other: TensorUpdateTimes) -> TensorUpdateTimes:
         return TensorUpdateTimes(map_s=self.map_s + other.map_s, hold_s=self.hold_s + other.hold_s,
-                                 copy_s=self.copy_s + other.copy_s)
+                                 copy_s=self.copy_s + other.copy_s, handler_s=self.handler_s + other.handler_s)
 
 
 class TensorUpdateReply(TensorUpdateTimes):

@@ -2,9 +2,10 @@
 # The CUDA tests, on the GPU box (carry .wscache and .whl, as bench/gpu_e2e_1gpu.sh does):
 #   bash bench/gpu_tests.sh
 # They skip on a machine without CUDA, so `make test` on a CPU never runs them: the GPU recipe's step
-# against the fp32 step (tests/training/test_precision.py) and the GPU engine against transformers
-# (tests/inference/test_graph_engine.py). The box has pytest but no Chromium, Ray or registry; the tiny
-# models come from the carried cache.
+# against the fp32 step (tests/training/test_precision.py), the GPU engine against transformers
+# (tests/inference/test_graph_engine.py) and the captured same-device landing
+# (tests/weights/test_landing.py). The box has pytest but no Chromium, Ray or registry; the tiny models
+# come from the carried cache.
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 WHL=${WHL:-.whl}
@@ -14,4 +15,4 @@ if ls $WHL/*.whl >/dev/null 2>&1; then
 fi
 export ASYNCWEBRL_CACHE=${ASYNCWEBRL_CACHE:-$PWD/.wscache/cache}
 export ASYNCWEBRL_TINY_MODEL=${ASYNCWEBRL_TINY_MODEL:-$ASYNCWEBRL_CACHE/models/tiny-qwen2.5-vl}
-python3 -m pytest -q -p no:cacheprovider -rs tests/training/test_precision.py tests/inference/test_graph_engine.py "$@"
+python3 -m pytest -q -p no:cacheprovider -rs tests/training/test_precision.py tests/inference/test_graph_engine.py tests/weights/test_landing.py "$@"

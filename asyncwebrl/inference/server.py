@@ -204,6 +204,7 @@ class InferenceServer:
         cls = REQUEST_TYPES[path]
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            request["received_at"] = time.perf_counter()
             raw = await request.read()
             if len(raw) <= PARSE_INLINE_BYTES:
                 body = parse_json(cls, raw)
@@ -527,6 +528,7 @@ class InferenceServer:
                 nbytes = await self._run(work)
             except WeightSyncError as e:  # the caller's payload does not fit: 400, weights unchanged
                 raise ProtocolError(str(e)) from None
+        times.handler_s = time.perf_counter() - request["received_at"]
         return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.4f}s",
                                     weight_version=self.engine.weight_version,
                                     **times.model_dump()))
