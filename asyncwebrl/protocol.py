@@ -442,13 +442,16 @@ class TensorUpdateTimes(BaseModel):
     """waiting for the model (generation paused between decode steps)"""
     copy_s: float = 0.0
     """the copy into the live parameters, synchronized"""
+    read_s: float = 0.0
+    """reading and parsing the request's body"""
     handler_s: float = 0.0
-    """the whole call on the server, from reading the body to the reply (the three above, parsing, the
-    hand-off to the worker thread); the caller's round trip less this is the transport"""
+    """the whole call on the server, from reading the body to the reply (all of the above and the
+    hand-off to the worker thread and back); the caller's round trip less this is the transport"""
 
     def __add__(self, other: TensorUpdateTimes) -> TensorUpdateTimes:
         return TensorUpdateTimes(map_s=self.map_s + other.map_s, hold_s=self.hold_s + other.hold_s,
-                                 copy_s=self.copy_s + other.copy_s, handler_s=self.handler_s + other.handler_s)
+                                 copy_s=self.copy_s + other.copy_s, read_s=self.read_s + other.read_s,
+                                 handler_s=self.handler_s + other.handler_s)
 
 
 class TensorUpdateReply(TensorUpdateTimes):

@@ -363,6 +363,7 @@ def _measure_same_device(named, model_dir: str, device: str, dtype: str, bucket_
         "server_map_s": statistics.median(m.server.map_s for m in moved),
         "server_hold_s": statistics.median(m.server.hold_s for m in moved),
         "server_copy_s": statistics.median(m.server.copy_s for m in moved),
+        "server_read_s": statistics.median(m.server.read_s for m in moved),
         "server_handler_s": statistics.median(m.server.handler_s for m in moved),
         "resent_frac": sum(m.resent for m in moved) / sum(m.n_buckets for m in moved),
         "floor_s": statistics.median(floors), "per_tensor_floor_s": statistics.median(floors),

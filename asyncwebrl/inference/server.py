@@ -215,6 +215,7 @@ class InferenceServer:
                     e.limits.max_prompt_chars or 16 * e.context_len)
             else:
                 body = await asyncio.to_thread(parse_json, cls, raw)
+            request["parsed_at"] = time.perf_counter()
             return await handler(body, request)
 
         return wrapped
@@ -528,6 +529,7 @@ class InferenceServer:
                 nbytes = await self._run(work)
             except WeightSyncError as e:  # the caller's payload does not fit: 400, weights unchanged
                 raise ProtocolError(str(e)) from None
+        times.read_s = request["parsed_at"] - request["received_at"]
         times.handler_s = time.perf_counter() - request["received_at"]
         return web.json_response(ok(f"copied {nbytes} bytes in {time.perf_counter() - t0:.4f}s",
                                     weight_version=self.engine.weight_version,
