@@ -324,6 +324,26 @@ class HFEngine:
         with self.lock:
             self._settle()
 
+    def try_pause(self) -> bool:
+        """`pause` without waiting: True once paused with no step in progress or in flight (the caller
+        may hold the model at once, e.g. on an event loop); False when one is (then call `pause`)."""
+        with self._cond:
+            self._paused = True
+        return self.idle()
+
+    def idle(self) -> bool:
+        """Paused, the model lock free and nothing launched in flight: holding the model waits for nothing."""
+        if not self._paused or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return self._settled()
+        finally:
+            self.lock.release()
+
+    def _settled(self) -> bool:
+        """Nothing launched is left for `_settle` to finish."""
+        return True
+
     def resume(self) -> None:
         with self._cond:
             self._paused = False

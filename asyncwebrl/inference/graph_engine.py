@@ -372,6 +372,9 @@ class GraphEngine(HFEngine):
             self.stats.update(self.vision.stats)
 
     # ---- decode ------------------------------------------------------------------------------------
+    def _settled(self) -> bool:
+        return self.pipe is None or not self.pipe.pending
+
     def _settle(self) -> None:
         """Commit every launched step (the loop leaves one in flight between its iterations)."""
         if self.pipe is not None:

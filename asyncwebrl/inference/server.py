@@ -420,7 +420,8 @@ class InferenceServer:
         if req.mode == "abort":
             self._abort_queued("aborted by pause_generation")  # queued prompts are aborted with the rest
             n = await self._run(lambda: self.engine.abort(abort_all=True, message="aborted by pause_generation"))
-        await self._run(self.engine.pause)
+        if not self.engine.try_pause():  # a step is running: wait for it off the event loop
+            await self._run(self.engine.pause)
         return web.json_response(ok(f"paused ({req.mode}); {n} aborted", **self.engine.load_info()))
 
     async def continue_generation(self, req, request) -> web.Response:
@@ -526,7 +527,12 @@ class InferenceServer:
                 self._abort_queued("aborted for a weight update")
             t0 = time.perf_counter()
             try:
-                nbytes = await self._run(work)
+                # a kept payload into a paused, idle model is one replayed copy (milliseconds, nothing
+                # to wait for): made here, without the hand-off to a worker thread and back
+                if not req.abort_all_requests and kept.has(data) and self.engine.idle():
+                    nbytes = work()
+                else:
+                    nbytes = await self._run(work)
             except WeightSyncError as e:  # the caller's payload does not fit: 400, weights unchanged
                 raise ProtocolError(str(e)) from None
         times.read_s = request["parsed_at"] - request["received_at"]

@@ -252,6 +252,9 @@ class KeptHandles:
             self._kept.popitem(last=False)
         return named, self._kept[data][1], False
 
+    def has(self, data: str) -> bool:
+        return data in self._kept
+
     def drop(self, data: str) -> None:
         self._kept.pop(data, None)
 
