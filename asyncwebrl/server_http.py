@@ -89,11 +89,16 @@ class ServerHttp:
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise ServerError(f"{url}: {type(e).__name__}: {e}") from e
 
-    def call_sync(self, addr: str, endpoint: str, payload: dict[str, Any] | None = None, *,
+    def call_sync(self, addr: str, endpoint: str, payload: dict[str, Any] | bytes | None = None, *,
                   method: str = "POST", timeout_s: float | None = None) -> dict[str, Any]:
         """`call` on the calling thread (see the module docstring); the same answers and errors."""
         url = f"{addr}{endpoint}"
-        data = json.dumps(payload if payload is not None else {}).encode() if method == "POST" else None
+        if method != "POST":
+            data = None
+        elif isinstance(payload, bytes):  # a body the caller encoded once (and sends again)
+            data = payload
+        else:
+            data = json.dumps(payload if payload is not None else {}).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

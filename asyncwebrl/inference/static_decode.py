@@ -200,10 +200,16 @@ class StaticDecoder:
                 "bqkv": _fuse([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None,
                 "wgu": _fuse([m.gate_proj.weight, m.up_proj.weight]),
             })
+        # where each parameter is held, found once: reading them back is a dict lookup each, where
+        # `model.parameters()` walks the module tree (over a millisecond for a 3B model, every refresh)
+        self._slots = [(m._parameters, n) for m in self.model.modules() for n, p in m._parameters.items()
+                       if p is not None]
         self._ptrs = self._param_ptrs()
 
     def _param_ptrs(self) -> list[int]:
-        return [p.data_ptr() for p in self.model.parameters()]
+        """The parameters' addresses, through their modules: a rebound `.data` and a replaced
+        parameter both show (a module added since is not looked at)."""
+        return [d[n].data_ptr() for d, n in self._slots]
 
     def weights_moved(self) -> bool:
         """Whether any parameter was rebound (not written in place) since the graphs were made."""

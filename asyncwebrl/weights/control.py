@@ -59,7 +59,7 @@ class ControlChannel:
             return self._failed(server, endpoint, optional, e)
         return self._checked(server, endpoint, answer)
 
-    def call(self, server: str, endpoint: str, body: dict[str, Any] | None = None, *,
+    def call(self, server: str, endpoint: str, body: dict[str, Any] | bytes | None = None, *,
              optional: bool = False, method: str = "POST", timeout_s: float | None = None) -> dict[str, Any] | None:
         """`acall` on the calling thread: the same answers and errors, no event loop in between."""
         if optional and (server, endpoint) in self.missing:

@@ -239,6 +239,12 @@ def test_weights_written_in_place_change_the_next_tokens(qwen_path):
                 if "language_model" in name and ("q_proj" in name or "up_proj" in name):
                     p.data.copy_(torch.randn_like(p) * 0.5)  # in place: the fused buffers see it
             assert not eng.decoder.weights_moved()
+            q = next(p for n, p in eng.named_parameters().items() if "language_model" in n and "q_proj" in n)
+            kept = q.data
+            q.data = kept.clone()  # rebound, not written: the decoder must notice (and rebuild)
+            assert eng.decoder.weights_moved()
+            q.data = kept
+            assert not eng.decoder.weights_moved()
         after = _run(eng, [_req(prompts[0][0], 6, temperature=0, ignore_eos=True)])[0].output_ids
         assert after != before
         # the plain forward of the same (updated) model agrees with the static path
