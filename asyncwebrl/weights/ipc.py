@@ -312,16 +312,17 @@ def _copy_each(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None
 
 
 LANDING_STREAMS = 4
-"""parallel branches of the captured landing: copies in one chain run back to back, each with a ramp
-at its start and end (hundreds of them cost ~40% over one flat copy); branches overlap the ramps"""
+"""parallel branches of the captured landing. Copies in one chain run back to back, each with a ramp
+at its start and end: 327 copies of a 3B model (6.8 GB) took 4.05 ms captured in one chain against
+3.26 ms for one flat copy on an H200; in 2 / 4 / 8 branches 3.71 / 3.67 / 3.65 ms"""
 
 
 def _captured(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], device: torch.device) -> Any:
     """The copies `src` -> `dst` captured as one CUDA graph on `device` (replayed on its current
     stream), spread over `LANDING_STREAMS` branches balanced by bytes; None where capture fails (the
-    copies then run one by one). Launching hundreds of copies from Python costs about as much as the
-    GPU takes for them; a replay is one launch. The addresses are fixed: the caller replays only while
-    sources and destinations stay."""
+    copies then run one by one). A replay is one launch whatever the number of tensors, and the
+    branches overlap the copies' ramps. The addresses are fixed: the caller replays only while sources
+    and destinations stay."""
     try:
         with torch.cuda.device(device):
             g = torch.cuda.CUDAGraph()
