@@ -591,7 +591,7 @@ class FSDPActor:
                                  **({"fused": True} if fused else {}))
 
     def bc_step(self, samples: list[TrainSample], pixels: list[list[bytes]] | None = None,
-                optimizer: torch.optim.Optimizer | None = None) -> BCStats:
+                optimizer: torch.optim.Optimizer | None = None, bf16: bool = False) -> BCStats:
         """One behaviour-cloning update on the global batch (every rank passes the same samples): minimise
         the token mean, over every sample's output ids, of -log pi_theta(token | prompt, earlier tokens).
 
@@ -599,8 +599,10 @@ class FSDPActor:
         sampling distribution rollout draws from is the one cloned. Ranks take their share, run the same
         number of micro-batches (filler passes), and each micro-batch's loss is its NLL sum over the
         GLOBAL token count times world_size, so the update equals the single-process one. `pixels`:
-        aligned with `samples`, or None = inline in the samples. The version does not change: the warm
-        start's result is version 0."""
+        aligned with `samples`, or None = inline in the samples. `bf16`: the passes under bf16 autocast
+        (matmuls in bf16; weights, gradients and the optimizer state stay in actor.dtype); a no-op where
+        the actor computes in bf16 already (actor.mixed_precision). The version does not change: the
+        warm start's result is version 0."""
         if not samples:
             raise ValueError("bc_step needs at least one demonstration sample")
         for s in samples:
@@ -622,10 +624,14 @@ class FSDPActor:
         opt.zero_grad(set_to_none=True)
         self.module.train()
         nll_sum = 0.0
-        for _, logp, _ in self._train_passes(local, images_of):
-            nll = -logp.sum()
-            (nll / n_tokens * self.world_size).backward()
-            nll_sum += float(nll.detach())
+        autocast, self.autocast = self.autocast, self.autocast or (bf16 and not self.mixed_precision)
+        try:
+            for _, logp, _ in self._train_passes(local, images_of):
+                nll = -logp.float().sum()
+                (nll / n_tokens * self.world_size).backward()
+                nll_sum += float(nll.detach())
+        finally:
+            self.autocast = autocast
         grad_norm = self._clip_and_step(opt)
         self.embed_cache.clear()
         nll_sum = self._all_sum([nll_sum])[0]

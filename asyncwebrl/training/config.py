@@ -224,6 +224,10 @@ class WarmStartConfig:
     """AdamW learning rate of the warm start (its own optimizer: RL starts with fresh AdamW state)"""
     batch_size: int = 16
     """demonstration steps per optimizer step"""
+    bf16: bool | None = None
+    """the cloning passes under bf16 autocast (matmuls in bf16; weights, gradients and AdamW state stay
+    in actor.dtype). None = where the device multiplies bf16 natively (a CUDA device; a CPU with AVX-512
+    or newer, `warm_start.native_bf16`): 1.6x faster passes on the 2-core CPU. A no-op under actor.mixed_precision"""
     tasks: str = ""
     """tasks to demonstrate (subset or comma-separated names); '' = the training tasks (env.tasks)"""
     concurrency: int = 2

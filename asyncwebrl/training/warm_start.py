@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from asyncwebrl.records import TrainSample
 from asyncwebrl.training.config import WarmStartConfig
 
@@ -29,6 +31,8 @@ class WarmStartEpoch:
     grad_norm: float
     """mean over the epoch's updates"""
     time_s: float
+    bf16: bool
+    """the passes ran under bf16 autocast (warm_start.bf16)"""
 
     def as_log(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -61,11 +65,23 @@ class WarmStartReport:
 
 
 # ---- the update ---------------------------------------------------------------------------------
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 at speed: a CUDA device that supports it, or a CPU for which
+    torch's oneDNN reports bf16 kernels (AVX-512 and newer; older CPUs emulate bf16, slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return bool(probe()) if probe is not None else False
+    return False
+
+
 def bc_epochs(actor: Any, samples: list[TrainSample], ws: WarmStartConfig) -> list[WarmStartEpoch]:
     """`ws.epochs` passes of `FSDPActor.bc_step` over `samples` in shuffled minibatches of ws.batch_size
     (the shuffle is seeded: every rank draws the same minibatches), with a fresh AdamW at ws.lr that is
     dropped afterwards; the result becomes the KL term's reference. Collective: every rank calls it with
     the same samples."""
+    bf16 = ws.bf16 if ws.bf16 is not None else native_bf16(actor.device)
     opt = actor.new_bc_optimizer(ws.lr)
     rng = random.Random(ws.seed)
     order = list(range(len(samples)))
@@ -73,13 +89,13 @@ def bc_epochs(actor: Any, samples: list[TrainSample], ws: WarmStartConfig) -> li
     for e in range(ws.epochs):
         t0 = time.perf_counter()
         rng.shuffle(order)
-        stats = [actor.bc_step([samples[i] for i in order[j:j + ws.batch_size]], optimizer=opt)
+        stats = [actor.bc_step([samples[i] for i in order[j:j + ws.batch_size]], optimizer=opt, bf16=bf16)
                  for j in range(0, len(order), ws.batch_size)]
         tokens = sum(st.n_tokens for st in stats)
         out.append(WarmStartEpoch(epoch=e + 1, nll=sum(st.nll * st.n_tokens for st in stats) / max(1, tokens),
                                   n_updates=len(stats), n_tokens=tokens,
                                   grad_norm=sum(st.grad_norm for st in stats) / len(stats),
-                                  time_s=time.perf_counter() - t0))
+                                  time_s=time.perf_counter() - t0, bf16=bf16))
     del opt
     actor.reset_reference()  # a KL term (actor.kl_coef) holds RL near the warm-started policy
     return out
