@@ -57,7 +57,7 @@ model: venv
 # The default run (docs/training.md, "The default run"): default.yaml plus the behaviour-cloning warm
 # start on oracle demonstrations of the training tasks, then RL. The warm start stays off in
 # default.yaml itself: tests and benchmarks run synthetic and WebGym tasks, which have no oracles.
-TRAIN_ARGS := warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=24 warm_start.epochs=5
+TRAIN_ARGS := warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=24 warm_start.epochs=8
 
 train: setup
 	$(BIN)/asyncwebrl train $(TRAIN_ARGS) $(ARGS)
