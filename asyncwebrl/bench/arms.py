@@ -71,6 +71,9 @@ class ArmResult:
     setup_s: float
     steps: list[StepRow] = field(default_factory=list)
     evals: list[EvalRow] = field(default_factory=list)
+    shortcut_baseline: float | None = None
+    """the best constant answer's success on the arm's evaluation episodes (the run summary's)"""
+    shortcut_policy: str | None = None
 
     def token_weighted(self, attr: str) -> float:
         n = sum(s.n_tokens for s in self.steps)
@@ -98,6 +101,13 @@ class ArmResult:
         return self.evals[-1].success_rate if self.evals else None
 
     @property
+    def gain_over_shortcut(self) -> float | None:
+        """final greedy success minus the shortcut's: an arm that only rises to it has not learned to read"""
+        if self.eval_last is None or self.shortcut_baseline is None:
+            return None
+        return self.eval_last - self.shortcut_baseline
+
+    @property
     def zero_adv_frac(self) -> float:
         groups = sum(s.n_groups for s in self.steps)
         return sum(s.zero_adv_groups for s in self.steps) / groups if groups else 0.0
@@ -106,7 +116,8 @@ class ArmResult:
         """The arm as recorded in bench/results (per-step rows included)."""
         d = asdict(self)
         d.update(clip_rate=self.clip_rate, clip_rate_coupled=self.clip_rate_coupled,
-                 successes_per_s=self.successes_per_s, zero_adv_frac=self.zero_adv_frac, eval_first=self.eval_first, eval_last=self.eval_last)
+                 successes_per_s=self.successes_per_s, zero_adv_frac=self.zero_adv_frac, eval_first=self.eval_first, eval_last=self.eval_last,
+                 gain_over_shortcut=self.gain_over_shortcut)
         return d
 
 
@@ -131,4 +142,5 @@ def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1, keep_
         shutil.rmtree(root / "checkpoints", ignore_errors=True)
     return ArmResult(name=name, seed=seed, overrides=ovs, run_dir=str(root), wall_s=summary.wall_time_s,
                      setup_s=summary.setup_s,
-                     steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals)
+                     steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals,
+                     shortcut_baseline=summary.shortcut_baseline, shortcut_policy=summary.shortcut_policy)

@@ -5,7 +5,8 @@ steps, batch and learning rate, through the production `asyncwebrl train` path; 
 evaluates the checkpoints greedily on the fixed evaluation set of the training tasks (pass
 `extra=env.task_sampling.prior=eval` to start the adaptive tracker from that evaluation). Recorded per arm
 and seed: first and final eval success, the share of consumed groups whose advantages were all zero
-(wasted rollout), and the final per-task sampling shares. Headline: `adaptive_over_uniform` = mean
+(wasted rollout), and the final per-task sampling shares, and the shortcut baseline (the best constant answer on the same
+evaluation episodes) with each arm's gain over it. Headline: `adaptive_over_uniform` = mean
 final greedy eval success of the adaptive arm over that of the uniform arm.
 
 Knobs (key=value): steps, batch, n_samples, max_steps, tasks, seeds (comma list), lr, eval_episodes,
@@ -89,6 +90,7 @@ def main(overrides: list[str] | None = None) -> int:
             "eval_first_by_seed": {str(a.seed): a.eval_first for a in rs},
             "eval_gain_mean": _mean([a.eval_last - a.eval_first for a in rs
                                      if a.eval_last is not None and a.eval_first is not None]),
+            "gain_over_shortcut_mean": _mean([a.gain_over_shortcut for a in rs]),
             "zero_adv_frac_mean": _mean([a.zero_adv_frac for a in rs]),
             "train_success_mean": _mean([statistics.fmean([s.success_rate for s in a.steps]) for a in rs if a.steps]),
             "wall_s_mean": _mean([a.wall_s for a in rs]),
@@ -103,13 +105,19 @@ def main(overrides: list[str] | None = None) -> int:
         "eval_last_adaptive": ada,
         "eval_gain_uniform": arms["uniform"]["eval_gain_mean"],
         "eval_gain_adaptive": arms["adaptive"]["eval_gain_mean"],
+        # the same evaluation episodes in every arm and seed, so one shortcut (the first arm's)
+        "shortcut_baseline": next((a.shortcut_baseline for rs in runs.values() for a in rs
+                                   if a.shortcut_baseline is not None), None),
+        "gain_over_shortcut_uniform": arms["uniform"]["gain_over_shortcut_mean"],
+        "gain_over_shortcut_adaptive": arms["adaptive"]["gain_over_shortcut_mean"],
         "zero_adv_frac_uniform": arms["uniform"]["zero_adv_frac_mean"],
         "zero_adv_frac_adaptive": arms["adaptive"]["zero_adv_frac_mean"],
         "arms": arms,
     }
     write_result("curriculum", knobs, figures)
     rows = [{"mode": m, "seed": a.seed, "eval_first": a.eval_first, "eval_last": a.eval_last,
-             "zero_adv_frac": a.zero_adv_frac, "wall_s": a.wall_s} for m in MODES for a in runs[m]]
+             "shortcut": a.shortcut_baseline, "zero_adv_frac": a.zero_adv_frac, "wall_s": a.wall_s}
+            for m in MODES for a in runs[m]]
     ratio = figures["adaptive_over_uniform"]
     print_table(rows, f"adaptive/uniform final greedy eval success: {ratio:.2f}x" if ratio is not None
                 else "adaptive/uniform: uniform arm scored 0, ratio undefined")

@@ -11,13 +11,15 @@ import asyncwebrl.results as results_module
 from asyncwebrl.bench.arms import ArmResult, EvalRow, StepRow
 
 
-def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok: float) -> ArmResult:
+def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok: float,
+         shortcut: float | None = None) -> ArmResult:
     step = StepRow(step=1, version=1, time=5.0, success_rate=ok, n_trajectories=4, n_successes=4 * ok,
                    clip_rate=clip, clip_rate_coupled=coupled, n_tokens=50.0, n_groups=2, zero_adv_groups=1,
                    staleness_hist={"0": 1, "1": 1})
     return ArmResult(name=name, seed=seed, overrides=[], run_dir="", wall_s=10.0, setup_s=1.0, steps=[step],
                      evals=[EvalRow(version=0, success_rate=0.5, per_task={}),
-                            EvalRow(version=1, success_rate=eval_last, per_task={})])
+                            EvalRow(version=1, success_rate=eval_last, per_task={})],
+                     shortcut_baseline=shortcut, shortcut_policy=None if shortcut is None else "click [1]")
 
 
 @pytest.fixture
@@ -53,7 +55,7 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
 
     def fake(name, overrides, fileroot, seed=1):
         adaptive = "env.task_sampling.mode=adaptive" in overrides
-        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5)
+        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4)
 
     monkeypatch.setattr(curriculum, "run_arm", fake)
     assert curriculum.main(["seeds=1,2", "steps=2"]) == 0
@@ -61,3 +63,8 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["seeds"] == [1, 2]
     assert f["arms"]["uniform"]["eval_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.7)}
     assert f["adaptive_over_uniform"] == pytest.approx(((0.9 + 1.0) / 2) / ((0.6 + 0.7) / 2))
+    # the shortcut baseline beside the ratio: an arm that only rose to `click [1]` has not learned to read
+    assert f["shortcut_baseline"] == pytest.approx(0.4)
+    assert f["gain_over_shortcut_uniform"] == pytest.approx((0.6 + 0.7) / 2 - 0.4)
+    assert f["gain_over_shortcut_adaptive"] == pytest.approx((0.9 + 1.0) / 2 - 0.4)
+    assert f["arms"]["adaptive"]["runs"][0]["gain_over_shortcut"] == pytest.approx(0.9 - 0.4)
