@@ -49,15 +49,22 @@ class EvalResult:
     heldout_success_rate: float | None = None
     heldout_per_task: dict[str, float] = field(default_factory=dict)
     time_s: float = 0.0
+    shortcut_baseline: float | None = None
+    """the best constant answer's success on the same episodes (None: test_rollout.shortcut_baseline off)"""
+    shortcut_policy: str | None = None
+    heldout_shortcut_baseline: float | None = None
 
     @classmethod
     def from_figures(cls, f: dict[str, Any], time_s: float) -> EvalResult:
+        """From `evaluate_model`'s figures, with the shortcut entries of `shortcut_figures` when present."""
         held = f.get("heldout")
         return cls(success_rate=float(f["success_rate"]), n_episodes=int(f["n_episodes"]),
                    invalid_rate=float(f["invalid_rate"]), per_task={k: float(v) for k, v in f["per_task"].items()},
                    heldout_success_rate=float(held["success_rate"]) if held else None,
                    heldout_per_task={k: float(v) for k, v in held["per_task"].items()} if held else {},
-                   time_s=time_s)
+                   time_s=time_s, shortcut_baseline=f.get("shortcut_baseline"),
+                   shortcut_policy=f.get("shortcut_policy"),
+                   heldout_shortcut_baseline=held.get("shortcut_baseline") if held else None)
 
 
 @dataclass
@@ -86,6 +93,12 @@ class WarmStartBench:
     """demonstrations + behaviour cloning: what the warm start adds to a run"""
     base: EvalResult
     warm: EvalResult
+    shortcut_baseline: float | None = None
+    """the best constant answer (`click [k]`, first of a role) on the same evaluation episodes"""
+    shortcut_policy: str | None = None
+    gain_over_shortcut: float | None = None
+    """eval_warm - shortcut_baseline: what the cloned policy adds over answering by position"""
+    heldout_shortcut_baseline: float | None = None
 
 
 def _config(knobs: dict[str, Any]):
@@ -136,7 +149,10 @@ def run(knobs: dict[str, Any]) -> WarmStartBench:
         eval_episodes=base.n_episodes, tasks=warm_start_tasks(cfg), demos=rep.demos, demo_steps=rep.samples,
         demo_attempts=rep.attempts, demos_per_task=rep.per_task, bc_epochs=[e.as_log() for e in rep.epochs],
         bc_nll_first=rep.nll_first, bc_nll_last=rep.nll_last, demo_collect_s=rep.collect_s,
-        bc_train_s=rep.train_s, bc_wall_s=bc_wall, base=base, warm=warm)
+        bc_train_s=rep.train_s, bc_wall_s=bc_wall, base=base, warm=warm, shortcut_baseline=warm.shortcut_baseline,
+        shortcut_policy=warm.shortcut_policy,
+        gain_over_shortcut=None if warm.shortcut_baseline is None else warm.success_rate - warm.shortcut_baseline,
+        heldout_shortcut_baseline=warm.heldout_shortcut_baseline)
 
 
 def main(overrides: list[str] | None = None) -> int:
@@ -146,6 +162,9 @@ def main(overrides: list[str] | None = None) -> int:
     rows = [{"task": t, "base": res.base.per_task.get(t), "warm": res.warm.per_task.get(t)}
             for t in sorted(set(res.base.per_task) | set(res.warm.per_task))]
     rows.append({"task": "held-out", "base": res.heldout_base, "warm": res.heldout_warm})
+    if res.shortcut_baseline is not None:
+        rows.append({"task": f"shortcut ({res.shortcut_policy})", "base": res.shortcut_baseline,
+                     "warm": res.shortcut_baseline})
     print_table(rows, f"greedy eval success on {res.eval_episodes} episodes: base {res.eval_base:.3f} -> "
                       f"warm start {res.eval_warm:.3f} ({res.demos} oracle demos, {res.bc_wall_s:.0f} s of warm start)")
     return 0

@@ -68,3 +68,18 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["gain_over_shortcut_uniform"] == pytest.approx((0.6 + 0.7) / 2 - 0.4)
     assert f["gain_over_shortcut_adaptive"] == pytest.approx((0.9 + 1.0) / 2 - 0.4)
     assert f["arms"]["adaptive"]["runs"][0]["gain_over_shortcut"] == pytest.approx(0.9 - 0.4)
+
+
+def test_warmstart_keeps_the_shortcut_baseline_that_the_evaluation_measured():
+    from asyncwebrl.bench.warmstart import EvalResult
+    from asyncwebrl.evaluation.shortcut import ShortcutBaseline, shortcut_figures
+
+    # the figures as evaluate_model returns them: each set with its shortcut entries
+    figures = {"success_rate": 0.7, "n_episodes": 30, "invalid_rate": 0.0, "per_task": {"miniwob/click-tab": 0.7},
+               **shortcut_figures(0.7, ShortcutBaseline(success_rate=0.4, policy="click [1]")),
+               "heldout": {"success_rate": 0.6, "per_task": {},
+                           **shortcut_figures(0.6, ShortcutBaseline(success_rate=0.5, policy="click [1]"))}}
+    r = EvalResult.from_figures(figures, 1.0)
+    assert (r.shortcut_baseline, r.shortcut_policy, r.heldout_shortcut_baseline) == (0.4, "click [1]", 0.5)
+    bare = EvalResult.from_figures({k: v for k, v in figures.items() if "shortcut" not in k and k != "heldout"}, 1.0)
+    assert bare.shortcut_baseline is None and bare.heldout_shortcut_baseline is None
