@@ -35,7 +35,8 @@ DEFAULTS = {
     # single-step tasks the 135M policy does not solve: sampled at temperature 1 they scored 1 of 30
     # (2026-12-01: click-color, count-shape, identify-shape and grid-coordinate 0 of 6, click-shape 1 of 6).
     # A researcher's own pool holds such tasks; uniform sampling spends half its groups on them.
-    # Measured 1.80x here (2 seeds); on miniwob-easy, where most tasks are learnable or already solved,
+    # Measured 1.80x here (2 seeds) under document-order ids; under drawn ids, from the base model, 0.79x
+    # (seed 1, 2026-12-04), both arms below the shortcut baseline; on miniwob-easy, where most tasks are learnable or already solved,
     # 0.91x (12 steps: 1.03x): there is little for it to choose (docs/benchmarks.md;
     # bench/results/curriculum-miniwob-easy.json)
     "tasks": "click-test-2,click-tab,click-link,click-button,click-dialog-2,"
