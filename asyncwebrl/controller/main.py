@@ -107,6 +107,8 @@ class Controller:
         self.curriculum = make_curriculum(cfg)
         self.zero_adv_groups = 0
         """consumed groups whose advantages were all zero (wasted rollout), whole run"""
+        self.skipped_groups = 0
+        """groups rollout.dynamic_sampling drew but did not train on (all-zero advantages), whole run"""
         self.history: list[StepRecord] = []
         """every step's record, in order (benchmarks read them by attribute)"""
         self.step_hooks: list[Any] = []
@@ -232,6 +234,37 @@ class Controller:
                     self.state.duplicates += 1
                 self.state.seen_ids.add(t.traj_id)
 
+    def _draw_batch(self, B: int) -> tuple[list, list]:
+        """(every group drawn this step, the groups to train on). Without rollout.dynamic_sampling both
+        are the one batch of B groups; with it, groups whose advantages are all zero are set aside and
+        more are drawn until B carry a signal or dynamic_sampling_max_draws * B were drawn (then the
+        step trains on those with a signal, or on the last batch drawn when none had one)."""
+        rc = self.cfg.rollout
+        batch = self.sys.rollout.prepare_batch(B)
+        if not rc.dynamic_sampling:
+            return batch, batch
+        from asyncwebrl.rollout.curriculum import zero_advantage
+
+        drawn, keep = list(batch), [g for g in batch if not zero_advantage(g)]
+        while len(keep) < B and len(drawn) < rc.dynamic_sampling_max_draws * B:
+            # the fallback is only ever the newest batch, so this one's groups without a signal are out:
+            # their staleness budget goes back BEFORE the next draw, or the pool would stop at eta
+            self._skip([g for g in batch if zero_advantage(g)])
+            batch = self.sys.rollout.prepare_batch(B - len(keep))
+            drawn += batch
+            keep += [g for g in batch if not zero_advantage(g)]
+        groups = keep if keep else batch
+        trained = {id(g) for g in groups}
+        self._skip([g for g in batch if id(g) not in trained])
+        return drawn, groups
+
+    def _skip(self, groups) -> None:
+        """Groups drawn but not trained on: the viewer may keep their episodes (before the screenshots
+        go), then the rollout side takes back their staleness budget and frees their screenshots."""
+        if groups:
+            self._keep_episodes(groups)
+            self.sys.rollout.discard(groups)
+
     def step(self) -> StepRecord:
         cfg, st, run = self.cfg, self.state, self.run
         B = cfg.rollout.consumer_batch_size
@@ -239,19 +272,21 @@ class Controller:
             hook(self)
         t0 = run.now()
         version = self.clock.value
-        groups = self.sys.rollout.prepare_batch(B)
+        drawn, groups = self._draw_batch(B)
         t1 = run.now()
         run.log_phase(st.step, "rollout_wait", t0, t1)
-        self._track_ids(groups)
-        figs = batch_figures(groups)
+        self._track_ids(drawn)
+        figs = batch_figures(drawn)
         self._fold_evals()
-        zero_adv = self.curriculum.observe(groups)  # the consumed groups flow back into task sampling
+        zero_adv = self.curriculum.observe(drawn)  # every drawn group flows back into task sampling
         self.zero_adv_groups += zero_adv
+        skipped = len(drawn) - len(groups)
+        self.skipped_groups += skipped
         self._push_task_weights()
         cur = self.curriculum.record()
         run.log_metrics("curriculum", st.step + 1, cur.flat())
         hist = staleness_hist(groups, version)
-        self._keep_episodes(groups)
+        self._keep_episodes(groups)  # skipped groups were offered to the viewer when they were set aside
         metrics = self.sys.trainer.train_step(groups, self.sys.pixel_store, version)
         t2 = run.now()
         run.log_phase(st.step, "train", t1, t2)
@@ -287,9 +322,10 @@ class Controller:
             version=self.clock.value,
             **figs,
             staleness_hist=hist,
-            n_groups=len(groups),
+            n_groups=len(drawn),
             zero_adv_groups=zero_adv,
-            zero_adv_frac=zero_adv / max(1, len(groups)),
+            zero_adv_frac=zero_adv / max(1, len(drawn)),
+            skipped_groups=skipped,
             tasks_in_zone=cur.in_zone,
             dropped_stale=rstats.dropped_stale,
             failed_episodes=rstats.failed_episodes,
@@ -385,6 +421,7 @@ class Controller:
             checkpoint_stall_s=self.state.checkpoint_stall_s,
             task_sampling=self.curriculum.cfg.mode,
             zero_adv_groups=self.zero_adv_groups,
+            skipped_groups=self.skipped_groups,
             task_success_ema=self.curriculum.record().success,
             task_share=self.curriculum.record().share,
             warm_start_demos=self.warm_start.demos if self.warm_start else 0,

@@ -39,6 +39,9 @@ class StepRecord:
     zero_adv_groups: int
     """groups of this batch whose advantages were all zero (equal rewards: wasted rollout)"""
     zero_adv_frac: float
+    skipped_groups: int = 0
+    """drawn groups this step did not train on (rollout.dynamic_sampling: all-zero advantages); the
+    batch figures above (n_trajectories, success_rate ...) cover every drawn group"""
     tasks_in_zone: int
     """training tasks whose success EMA lies in the adaptive sampler's productive zone"""
     # rollout side, cumulative over the run (RolloutStats)
@@ -137,6 +140,8 @@ class RunSummary:
     """env.task_sampling.mode of the run"""
     zero_adv_groups: int = 0
     """consumed groups whose advantages were all zero, whole run"""
+    skipped_groups: int = 0
+    """groups drawn but not trained on (rollout.dynamic_sampling), whole run"""
     task_success_ema: dict[str, float | None] = field(default_factory=dict)
     """per training task: success EMA at the end of the run (None = never consumed)"""
     task_share: dict[str, float] = field(default_factory=dict)

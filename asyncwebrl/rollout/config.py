@@ -30,6 +30,14 @@ class RolloutConfig:
     """prepare_batch waits at most this long for a batch before raising (a dead pool never hangs the trainer)"""
     restart_dead_servers: bool = False
     """the controller restarts a train-rollout server found dead at a step and re-joins it to the weight group (else training goes on without it)"""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: the trainer skips groups whose episodes all got the same reward (all-zero
+    GRPO advantages, no learning signal) and draws more until consumer_batch_size groups carry a signal.
+    Skipped groups still feed task sampling and the step's rollout figures; they are not trained on"""
+    dynamic_sampling_max_draws: int = 4
+    """with dynamic_sampling: at most this many times consumer_batch_size groups drawn per step; past it
+    the step trains on the groups with a signal it has (or, if none, on the last batch drawn), so a run
+    whose tasks are all solved or all hopeless never stalls"""
 
     @property
     def concurrency(self) -> int:
@@ -46,6 +54,9 @@ class RolloutConfig:
             raise ValueError("rollout.workers must be >= 1")
         if self.batch_timeout_s <= 0:
             raise ValueError("rollout.batch_timeout_s must be > 0")
+        if self.dynamic_sampling_max_draws < 1:
+            raise ValueError("rollout.dynamic_sampling_max_draws must be >= 1 (groups drawn per step, in units of "
+                             "consumer_batch_size)")
 
 
 @dataclass(kw_only=True)

@@ -269,9 +269,19 @@ class RolloutController:
             self._pending.queue.appendleft(g)
             self._pending.not_empty.notify()
 
+    def discard(self, groups: list[RolloutGroup]) -> None:
+        """Delivered groups the trainer will not train on (rollout.dynamic_sampling: no learning signal):
+        like a stale drop, each hands its staleness budget back, so the pool produces replacements at
+        this version, and its screenshots are freed. Counted by the caller, not as stale."""
+        for g in groups:
+            self._release(g)
+
     def _drop(self, g: RolloutGroup) -> None:
         with self._lock:
             self.dropped_stale += 1
+        self._release(g)
+
+    def _release(self, g: RolloutGroup) -> None:
         try:
             self.staleness.on_drop()
         except Exception as e:  # noqa: BLE001

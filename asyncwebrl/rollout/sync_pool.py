@@ -45,7 +45,8 @@ class SyncRolloutPool:
         self.batch_size = rollout_cfg.consumer_batch_size
         self.warmup = rollout_cfg.sync_warmup if warmup is None else warmup
         self.batch_timeout_s = batch_timeout_s or getattr(rollout_cfg, "batch_timeout_s", 3600.0)
-        self.on_drop_group = on_drop_group  # unused: a sync round never produces stale groups
+        self.on_drop_group = on_drop_group
+        """frees a group's screenshots; a sync round never produces stale groups, so only `discard` calls it"""
         self.max_round_retries = max_round_retries
         self.gate = ResumeGate()
         self.tasks = spec.make_tasks(0)
@@ -155,6 +156,13 @@ class SyncRolloutPool:
         self.consumed_groups += len(groups)
         self.consumed_trajectories += sum(len(g.trajectories) for g in groups)
         return groups
+
+    def discard(self, groups: list[RolloutGroup]) -> None:
+        """Groups the trainer will not train on (rollout.dynamic_sampling): their screenshots are freed;
+        a sync round has no staleness budget to hand back."""
+        for g in groups:
+            if self.on_drop_group is not None:
+                self.on_drop_group(g)
 
     # -- the rest of the controller interface -------------------------------------------------
     @property
