@@ -66,9 +66,11 @@ train: setup
 # demonstrations of miniwob-medium, then RL on it; held-out multi-step tasks evaluated beside.
 # Extra overrides and flags through ARGS, e.g. ARGS="seed=2 --record --record-as multistep-seed2".
 MULTISTEP_ARGS := trial_name=multistep env.tasks=miniwob-medium env.max_steps=4 \
-	gconfig.max_new_tokens=16 total_train_steps=20 \
-	warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=6 warm_start.epochs=2 \
-	test_rollout.n_episodes=32 test_rollout.heldout_tasks=miniwob-medium-heldout test_rollout.heldout_n_episodes=9
+	gconfig.max_new_tokens=16 gconfig.temperature=1.0 actor.temperature=1.0 \
+	total_train_steps=30 actor.lr_decay_steps=30 checkpoint.every_n_steps=15 \
+	actor.eps_clip_higher=0.28 actor.step_normalizer=episode_length rollout.dynamic_sampling=true \
+	warm_start.enabled=true warm_start.source=oracle warm_start.n_demos=4 warm_start.epochs=2 \
+	test_rollout.n_episodes=48 test_rollout.heldout_tasks=miniwob-medium-heldout test_rollout.heldout_n_episodes=9
 
 train-multistep: setup
 	$(BIN)/asyncwebrl train $(MULTISTEP_ARGS) $(ARGS)
