@@ -53,12 +53,20 @@ def test_clip_records_both_rates_per_eta_and_success_per_second(results, monkeyp
 def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     from asyncwebrl.bench import curriculum
 
+    calls = []
+
     def fake(name, overrides, fileroot, seed=1):
+        calls.append(overrides)
         adaptive = "env.task_sampling.mode=adaptive" in overrides
         return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4)
 
     monkeypatch.setattr(curriculum, "run_arm", fake)
     assert curriculum.main(["seeds=1,2", "steps=2"]) == 0
+    # both arms start from the same warm start: the overrides differ only in the sampling mode
+    warm = [sorted(o for o in ovs if o.startswith("warm_start.")) for ovs in calls]
+    assert warm[0] and "warm_start.enabled=true" in warm[0] and all(w == warm[0] for w in warm)
+    assert {tuple(o for o in ovs if not o.startswith("env.task_sampling.mode=")) for ovs in calls} == \
+        {tuple(o for o in calls[0] if not o.startswith("env.task_sampling.mode="))}
     f = json.loads((results / "curriculum.json").read_text())["figures"]
     assert f["seeds"] == [1, 2]
     assert f["arms"]["uniform"]["eval_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.7)}
