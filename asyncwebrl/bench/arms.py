@@ -112,6 +112,14 @@ class ArmResult:
         groups = sum(s.n_groups for s in self.steps)
         return sum(s.zero_adv_groups for s in self.steps) / groups if groups else 0.0
 
+    @classmethod
+    def from_brief(cls, d: dict[str, Any]) -> ArmResult:
+        """The arm back from its `brief()` in a results file (the derived figures are recomputed)."""
+        return cls(name=str(d["name"]), seed=int(d["seed"]), overrides=list(d["overrides"]), run_dir=str(d["run_dir"]),
+                   wall_s=float(d["wall_s"]), setup_s=float(d["setup_s"]),
+                   steps=[StepRow(**s) for s in d["steps"]], evals=[EvalRow(**e) for e in d["evals"]],
+                   shortcut_baseline=d["shortcut_baseline"], shortcut_policy=d["shortcut_policy"])
+
     def brief(self) -> dict[str, Any]:
         """The arm as recorded in bench/results (per-step rows included)."""
         d = asdict(self)

@@ -9,17 +9,27 @@ and seed: first and final eval success, the share of consumed groups whose advan
 evaluation episodes) with each arm's gain over it. Headline: `adaptive_over_uniform` = mean
 final greedy eval success of the adaptive arm over that of the uniform arm.
 
-Both arms start from the same behaviour-cloning warm start (`make train`'s, lighter): `warm_start_demos`
-oracle demonstrations per task of `warm_start_tasks`, two passes, seeded alike in both arms; the tasks
-without an oracle get none. `warm_start_demos=0` starts both arms from the base model instead.
+The default form is the multi-step recipe (`make train-multistep`) on a pool that mixes what it learns
+with what it cannot: both arms start from the recipe's light behaviour-cloning warm start
+(`warm_start_demos` oracle demonstrations per task of `warm_start_tasks`, two passes, seeded alike in
+both arms; the other tasks get none), then train with the recipe's RL knobs (`extra`) except dynamic
+sampling. `warm_start_demos=0` starts both arms from the base model instead.
 
 Knobs (key=value): steps, batch, n_samples, max_steps, tasks, seeds (comma list), lr, eval_episodes,
-warm_start_demos, warm_start_tasks, scheduler, extra (';'-separated config overrides), fileroot.
+warm_start_demos, warm_start_tasks, scheduler, extra (';'-separated config overrides; default the
+recipe's RL knobs, so an `extra` given replaces them), fileroot, reuse.
+
+`reuse` (comma list of earlier curriculum results files, finished or partial) adds seeds to a measurement
+or resumes one that stopped: a (mode, seed) run recorded there is taken as it was measured instead of
+trained again, provided every knob but seeds, reuse and fileroot matches (else a clear error). The
+result names each reused run, its file and that file's date (`figures.reused`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 from asyncwebrl.bench.arms import ArmResult, run_arm
@@ -27,40 +37,40 @@ from asyncwebrl.bench.common import parse_overrides, print_table
 from asyncwebrl.results import write_result
 
 DEFAULTS = {
-    # 8 steps (16 groups over 9 tasks) measured 1.00x with the blind tracker: it spent the budget
-    # visiting every task once; 12 steps measured 1.03x (2026-12-01): the first 9 groups still visit
-    # every task once, and the lr schedule decays over the run, so neither arm moved the evaluation by
-    # more than one episode; 24 steps (48 groups) leave the adaptive arm 39 groups to steer
-    "steps": 24,
+    # 30 steps x 2 groups x 4 episodes, the multi-step recipe's budget (Makefile MULTISTEP_ARGS). Earlier
+    # forms (docs/results-log.md, "Adaptive task sampling"): 24 steps of single-step tasks with the
+    # default temperature 0.7 moved neither arm above its start (0.81x from a light warm start, 0.79x from
+    # the base model, 0.91x and 1.03x on miniwob-easy); 1.80x under document-order ids
+    "steps": 30,
     "batch": 2,
     "n_samples": 4,
-    "max_steps": 2,
-    # The default run's five learnable tasks (greedy 0.2 at the start, 0.57 after its 30 steps) plus five
-    # single-step tasks the 135M policy does not solve: sampled at temperature 1 they scored 1 of 30
-    # (2026-12-01: click-color, count-shape, identify-shape and grid-coordinate 0 of 6, click-shape 1 of 6).
-    # A researcher's own pool holds such tasks; uniform sampling spends half its groups on them.
-    # Measured 1.80x here (2 seeds) under document-order ids; under drawn ids, from the base model, 0.79x
-    # (seed 1, 2026-12-04), both arms below the shortcut baseline; on miniwob-easy, where most tasks are learnable or already solved,
-    # 0.91x (12 steps: 1.03x): there is little for it to choose (docs/benchmarks.md;
-    # bench/results/curriculum-miniwob-easy.json)
-    "tasks": "click-test-2,click-tab,click-link,click-button,click-dialog-2,"
-             "click-color,click-shape,count-shape,identify-shape,grid-coordinate",
+    "max_steps": 4,
+    # Four multi-step tasks that the recipe's RL takes from a light warm start to most of the way
+    # (bench/results/multistep.json: enter-text 0 -> 1, enter-password 0 -> 0.83, login-user 0 -> 0.67,
+    # click-button-sequence 0.5 -> 1) and four tasks the policy does not solve and gets no demonstrations
+    # of (click-option stayed at 0 there even with them; click-color, click-shape, grid-coordinate 1 of 24
+    # sampled from the base model). A researcher's own pool holds such tasks; uniform sampling spends
+    # half its groups on them, and every such group has all-zero advantages
+    "tasks": "enter-text,enter-password,login-user,click-button-sequence,"
+             "click-option,click-color,click-shape,grid-coordinate",
     "seeds": "1,2",
     "lr": None,
-    # From the base model under drawn ids neither arm reached the shortcut in 24 steps (0.79x, above):
-    # a light warm start (4 demonstrations of each learnable task; `make train` clones 24) teaches the
-    # answer format and leaves the learnable tasks part-solved, so groups there carry a signal while the
-    # five unsolved tasks still give none: the case adaptive sampling is for. Measured 0.81x (2 seeds,
-    # 2026-12-05): from 0.35 neither arm gained in 24 steps
+    # the recipe's light warm start (4 demonstrations, two passes) on the four learnable tasks only
     "warm_start_demos": 4,
-    "warm_start_tasks": "click-test-2,click-tab,click-link,click-button,click-dialog-2",
-    # 6 per task: one episode moves the figure by 1/60 (36 over miniwob-easy, 4 per task, measured a
-    # solved task, click-dialog, at 1.0 then 0 from four episodes)
-    "eval_episodes": 60,
+    "warm_start_tasks": "enter-text,enter-password,login-user,click-button-sequence",
+    # 6 per task: one episode moves the figure by 1/48
+    "eval_episodes": 48,
     "scheduler": "ray",
-    "extra": "",
+    # The recipe's RL knobs (docs/training.md, "Multi-step tasks") without its dynamic sampling: that
+    # drops the zero-signal groups after paying for their rollouts, which would hide from the evaluation
+    # what adaptive sampling saves by not drawing them
+    "extra": "gconfig.max_new_tokens=16;gconfig.temperature=1.0;actor.temperature=1.0;actor.lr_decay_steps=30;"
+             "actor.eps_clip_higher=0.28;actor.step_normalizer=episode_length;rollout.dynamic_sampling=false",
     "fileroot": "/tmp/asyncwebrl-bench",
+    "reuse": "",
 }
+# knobs that may differ between a measurement and the files whose runs it reuses
+_FREE_KNOBS = ("seeds", "reuse", "fileroot")
 MODES = ("uniform", "adaptive")
 
 
@@ -85,16 +95,47 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _reused_runs(knobs: dict[str, Any]) -> dict[tuple[str, int], tuple[ArmResult, dict[str, str]]]:
+    """(mode, seed) -> the run recorded in one of the `reuse` files, with where it came from."""
+    out: dict[tuple[str, int], tuple[ArmResult, dict[str, str]]] = {}
+    for path in (p.strip() for p in str(knobs["reuse"] or "").split(",")):
+        if not path:
+            continue
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"bench curriculum: reuse={path}: cannot read it as a results file ({e})") from None
+        if doc.get("name") != "curriculum":
+            raise SystemExit(f"bench curriculum: reuse={path} is a {doc.get('name')!r} result, not a curriculum one")
+        differ = sorted(k for k in knobs if k not in _FREE_KNOBS and doc["config"].get(k) != knobs[k])
+        if differ:
+            raise SystemExit(f"bench curriculum: reuse={path} was measured with other knobs: "
+                             + ", ".join(f"{k}={doc['config'].get(k)!r} there, {knobs[k]!r} here" for k in differ))
+        for mode, arm in doc["figures"]["arms"].items():
+            for brief in arm["runs"] if isinstance(arm, dict) else arm:  # finished file / partial file
+                a = ArmResult.from_brief(brief)
+                out.setdefault((mode, a.seed), (a, {"mode": mode, "seed": str(a.seed), "file": path,
+                                                    "measured": str(doc["date"])}))
+    return out
+
+
 def main(overrides: list[str] | None = None) -> int:
     knobs = parse_overrides(overrides, DEFAULTS)
     seeds = [int(s) for s in str(knobs["seeds"]).split(",") if str(s).strip()]
     if len(seeds) < 1:
         raise SystemExit("bench curriculum: seeds must be a comma list of integers, e.g. seeds=1,2")
+    earlier = _reused_runs(knobs)
+    reused: list[dict[str, str]] = []
     runs: dict[str, list[ArmResult]] = {m: [] for m in MODES}
     for seed in seeds:  # interleaved, so load on the shared machine drifts evenly over both arms
         for mode in MODES:
+            if (mode, seed) in earlier:
+                arm, origin = earlier[(mode, seed)]
+                runs[mode].append(arm)
+                reused.append(origin)
+                continue
             runs[mode].append(run_arm(f"curriculum-{mode}", _overrides(knobs, mode), knobs["fileroot"], seed=seed))
-            write_result("curriculum", knobs, {"partial": True, "seeds": seeds,
+            write_result("curriculum", knobs, {"partial": True, "seeds": seeds, "reused": reused,
                                                "arms": {m: [a.brief() for a in rs] for m, rs in runs.items()}})
     arms = {}
     for mode, rs in runs.items():
@@ -127,6 +168,7 @@ def main(overrides: list[str] | None = None) -> int:
         "gain_over_shortcut_adaptive": arms["adaptive"]["gain_over_shortcut_mean"],
         "zero_adv_frac_uniform": arms["uniform"]["zero_adv_frac_mean"],
         "zero_adv_frac_adaptive": arms["adaptive"]["zero_adv_frac_mean"],
+        "reused": reused,
         "arms": arms,
     }
     write_result("curriculum", knobs, figures)

@@ -67,6 +67,9 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert warm[0] and "warm_start.enabled=true" in warm[0] and all(w == warm[0] for w in warm)
     assert {tuple(o for o in ovs if not o.startswith("env.task_sampling.mode=")) for ovs in calls} == \
         {tuple(o for o in calls[0] if not o.startswith("env.task_sampling.mode="))}
+    # the recipe's RL knobs in both arms, without dynamic sampling, which would drop the zero-signal groups
+    # that adaptive sampling avoids drawing
+    assert all("rollout.dynamic_sampling=false" in o and "gconfig.temperature=1.0" in o for o in calls)
     f = json.loads((results / "curriculum.json").read_text())["figures"]
     assert f["seeds"] == [1, 2]
     assert f["arms"]["uniform"]["eval_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.7)}
@@ -91,3 +94,31 @@ def test_warmstart_keeps_the_shortcut_baseline_that_the_evaluation_measured():
     assert (r.shortcut_baseline, r.shortcut_policy, r.heldout_shortcut_baseline) == (0.4, "click [1]", 0.5)
     bare = EvalResult.from_figures({k: v for k, v in figures.items() if "shortcut" not in k and k != "heldout"}, 1.0)
     assert bare.shortcut_baseline is None and bare.heldout_shortcut_baseline is None
+
+
+def test_curriculum_reuse_adds_seeds_without_training_the_recorded_runs(results, monkeypatch, tmp_path):
+    from asyncwebrl.bench import curriculum
+
+    trained = []
+
+    def fake(name, overrides, fileroot, seed=1):
+        trained.append((name, seed))
+        adaptive = "env.task_sampling.mode=adaptive" in overrides
+        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4)
+
+    monkeypatch.setattr(curriculum, "run_arm", fake)
+    assert curriculum.main(["seeds=1", "steps=2"]) == 0
+    first = tmp_path / "first.json"
+    first.write_text((results / "curriculum.json").read_text())
+    trained.clear()
+    assert curriculum.main(["seeds=1,2", "steps=2", f"reuse={first}"]) == 0
+    assert trained == [("curriculum-uniform", 2), ("curriculum-adaptive", 2)]  # seed 1 came from the file
+    f = json.loads((results / "curriculum.json").read_text())["figures"]
+    assert f["seeds"] == [1, 2] and {(r["mode"], r["seed"]) for r in f["reused"]} == {("uniform", "1"), ("adaptive", "1")}
+    assert f["arms"]["adaptive"]["eval_last_by_seed"] == {"1": pytest.approx(0.9), "2": pytest.approx(1.0)}
+    assert f["adaptive_over_uniform"] == pytest.approx(((0.9 + 1.0) / 2) / ((0.6 + 0.7) / 2))
+    # a file measured with other knobs is refused, naming the knob, and nothing is trained
+    trained.clear()
+    with pytest.raises(SystemExit, match="steps=2 there, 3 here"):
+        curriculum.main(["seeds=1,2", "steps=3", f"reuse={first}"])
+    assert trained == []
