@@ -74,6 +74,8 @@ class ArmResult:
     shortcut_baseline: float | None = None
     """the best constant answer's success on the arm's evaluation episodes (the run summary's)"""
     shortcut_policy: str | None = None
+    groups_by_task: dict[str, int] = field(default_factory=dict)
+    """groups the trainer consumed per task (the run's last task sampling record)"""
 
     def token_weighted(self, attr: str) -> float:
         n = sum(s.n_tokens for s in self.steps)
@@ -118,7 +120,9 @@ class ArmResult:
         return cls(name=str(d["name"]), seed=int(d["seed"]), overrides=list(d["overrides"]), run_dir=str(d["run_dir"]),
                    wall_s=float(d["wall_s"]), setup_s=float(d["setup_s"]),
                    steps=[StepRow(**s) for s in d["steps"]], evals=[EvalRow(**e) for e in d["evals"]],
-                   shortcut_baseline=d["shortcut_baseline"], shortcut_policy=d["shortcut_policy"])
+                   shortcut_baseline=d["shortcut_baseline"], shortcut_policy=d["shortcut_policy"],
+                   groups_by_task=dict(d["groups_by_task"]) if "groups_by_task" in d
+                   else _groups_in_run_dir(Path(str(d["run_dir"]))))
 
     def brief(self) -> dict[str, Any]:
         """The arm as recorded in bench/results (per-step rows included)."""
@@ -127,6 +131,20 @@ class ArmResult:
                  successes_per_s=self.successes_per_s, zero_adv_frac=self.zero_adv_frac, eval_first=self.eval_first, eval_last=self.eval_last,
                  gain_over_shortcut=self.gain_over_shortcut)
         return d
+
+
+def groups_by_task(recs: list[dict[str, Any]]) -> dict[str, int]:
+    """Consumed groups per task from the last kind=curriculum record of a run's metrics ({} if none)."""
+    last = next((r for r in reversed(recs) if r.get("kind") == "curriculum"), {})
+    return {k.removeprefix("groups."): int(v) for k, v in last.items() if k.startswith("groups.")}
+
+
+def _groups_in_run_dir(root: Path) -> dict[str, int]:
+    """For runs recorded before `groups_by_task` was: read back from the run directory, if it is still there."""
+    from asyncwebrl.controller.rundir import read_jsonl
+
+    path = root / "metrics.jsonl"
+    return groups_by_task(read_jsonl(path)) if path.is_file() else {}
 
 
 def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1, keep_checkpoints: bool = False) -> ArmResult:
@@ -151,4 +169,5 @@ def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1, keep_
     return ArmResult(name=name, seed=seed, overrides=ovs, run_dir=str(root), wall_s=summary.wall_time_s,
                      setup_s=summary.setup_s,
                      steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals,
-                     shortcut_baseline=summary.shortcut_baseline, shortcut_policy=summary.shortcut_policy)
+                     shortcut_baseline=summary.shortcut_baseline, shortcut_policy=summary.shortcut_policy,
+                     groups_by_task=groups_by_task(recs))

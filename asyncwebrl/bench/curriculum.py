@@ -32,7 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from asyncwebrl.bench.arms import ArmResult, run_arm
+from asyncwebrl.bench.arms import ArmResult, EvalRow, run_arm
 from asyncwebrl.bench.common import parse_overrides, print_table
 from asyncwebrl.results import write_result
 
@@ -95,6 +95,17 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _per_task_mean(evals: list[EvalRow]) -> dict[str, float]:
+    tasks = sorted({t for e in evals for t in e.per_task})
+    return {t: statistics.fmean([e.per_task[t] for e in evals if t in e.per_task]) for t in tasks}
+
+
+def _groups_by_task(rs: list[ArmResult]) -> dict[str, float]:
+    """Consumed groups per task, mean over the seeds (from each run's task sampling record)."""
+    tasks = sorted({t for a in rs for t in a.groups_by_task})
+    return {t: statistics.fmean([a.groups_by_task.get(t, 0) for a in rs]) for t in tasks}
+
+
 def _reused_runs(knobs: dict[str, Any]) -> dict[tuple[str, int], tuple[ArmResult, dict[str, str]]]:
     """(mode, seed) -> the run recorded in one of the `reuse` files, with where it came from."""
     out: dict[tuple[str, int], tuple[ArmResult, dict[str, str]]] = {}
@@ -149,6 +160,10 @@ def main(overrides: list[str] | None = None) -> int:
             "gain_over_shortcut_mean": _mean([a.gain_over_shortcut for a in rs]),
             "zero_adv_frac_mean": _mean([a.zero_adv_frac for a in rs]),
             "train_success_mean": _mean([statistics.fmean([s.success_rate for s in a.steps]) for a in rs if a.steps]),
+            # where the final figure comes from: on a small budget one task learnt or not moves it most
+            "per_task_first_mean": _per_task_mean([a.evals[0] for a in rs if a.evals]),
+            "per_task_last_mean": _per_task_mean([a.evals[-1] for a in rs if a.evals]),
+            "groups_by_task": _groups_by_task(rs),
             "wall_s_mean": _mean([a.wall_s for a in rs]),
             "runs": [a.brief() for a in rs],
         }

@@ -17,9 +17,10 @@ def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok
                    clip_rate=clip, clip_rate_coupled=coupled, n_tokens=50.0, n_groups=2, zero_adv_groups=1,
                    staleness_hist={"0": 1, "1": 1})
     return ArmResult(name=name, seed=seed, overrides=[], run_dir="", wall_s=10.0, setup_s=1.0, steps=[step],
-                     evals=[EvalRow(version=0, success_rate=0.5, per_task={}),
-                            EvalRow(version=1, success_rate=eval_last, per_task={})],
-                     shortcut_baseline=shortcut, shortcut_policy=None if shortcut is None else "click [1]")
+                     evals=[EvalRow(version=0, success_rate=0.5, per_task={"t": 0.5}),
+                            EvalRow(version=1, success_rate=eval_last, per_task={"t": eval_last})],
+                     shortcut_baseline=shortcut, shortcut_policy=None if shortcut is None else "click [1]",
+                     groups_by_task={"t": 2 * seed})
 
 
 @pytest.fixture
@@ -78,6 +79,10 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["shortcut_baseline"] == pytest.approx(0.4)
     assert f["gain_over_shortcut_uniform"] == pytest.approx((0.6 + 0.7) / 2 - 0.4)
     assert f["gain_over_shortcut_adaptive"] == pytest.approx((0.9 + 1.0) / 2 - 0.4)
+    # per task, where the final figure comes from, and the groups each task got
+    assert f["arms"]["uniform"]["per_task_last_mean"] == {"t": pytest.approx(0.65)}
+    assert f["arms"]["uniform"]["per_task_first_mean"] == {"t": pytest.approx(0.5)}
+    assert f["arms"]["adaptive"]["groups_by_task"] == {"t": pytest.approx(3.0)}
     assert f["arms"]["adaptive"]["runs"][0]["gain_over_shortcut"] == pytest.approx(0.9 - 0.4)
 
 
