@@ -95,6 +95,12 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _se(xs: list[float | None]) -> float | None:
+    """Standard error of the mean over seeds (sample standard deviation / sqrt(n)); None below 2 seeds."""
+    vals = [x for x in xs if x is not None]
+    return statistics.stdev(vals) / len(vals) ** 0.5 if len(vals) >= 2 else None
+
+
 def _per_task_mean(evals: list[EvalRow]) -> dict[str, float]:
     tasks = sorted({t for e in evals for t in e.per_task})
     return {t: statistics.fmean([e.per_task[t] for e in evals if t in e.per_task]) for t in tasks}
@@ -154,6 +160,7 @@ def main(overrides: list[str] | None = None) -> int:
             "eval_first_mean": _mean([a.eval_first for a in rs]),
             "eval_last_mean": _mean([a.eval_last for a in rs]),
             "eval_last_by_seed": {str(a.seed): a.eval_last for a in rs},
+            "eval_last_se": _se([a.eval_last for a in rs]),
             "eval_first_by_seed": {str(a.seed): a.eval_first for a in rs},
             "eval_gain_mean": _mean([a.eval_last - a.eval_first for a in rs
                                      if a.eval_last is not None and a.eval_first is not None]),
@@ -174,6 +181,9 @@ def main(overrides: list[str] | None = None) -> int:
         "adaptive_over_uniform": ada / uni if uni else None,
         "eval_last_uniform": uni,
         "eval_last_adaptive": ada,
+        # the spread over seeds: on a small budget it is as large as the difference between the arms
+        "eval_last_se_uniform": arms["uniform"]["eval_last_se"],
+        "eval_last_se_adaptive": arms["adaptive"]["eval_last_se"],
         "eval_gain_uniform": arms["uniform"]["eval_gain_mean"],
         "eval_gain_adaptive": arms["adaptive"]["eval_gain_mean"],
         # the same evaluation episodes in every arm and seed, so one shortcut (the first arm's)

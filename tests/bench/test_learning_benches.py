@@ -75,6 +75,7 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["seeds"] == [1, 2]
     assert f["arms"]["uniform"]["eval_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.7)}
     assert f["adaptive_over_uniform"] == pytest.approx(((0.9 + 1.0) / 2) / ((0.6 + 0.7) / 2))
+    assert f["eval_last_se_uniform"] == pytest.approx(0.05)  # stdev 0.0707 over two seeds / sqrt(2)
     # the shortcut baseline beside the ratio: an arm that only rose to `click [1]` has not learned to read
     assert f["shortcut_baseline"] == pytest.approx(0.4)
     assert f["gain_over_shortcut_uniform"] == pytest.approx((0.6 + 0.7) / 2 - 0.4)
