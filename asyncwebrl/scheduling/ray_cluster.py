@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -45,7 +46,10 @@ class RayCluster:
     """resources of a second node in a network namespace; None = a one-node cluster"""
     num_cpus: int = 2
     subnet: int = 0
-    """third octet of the 10.231.X.0/24 veth subnet (distinct per concurrent cluster)"""
+    """third octet of the 10.231.X.0/24 veth subnet; 0 = the first one free on this host. Runs that share
+    the host's network (two test runs, a CI job beside a session) must not share a subnet: the route
+    would send one run's packets into the other's veth. A subnet is claimed by the veth's name, which the
+    kernel keeps unique, so an explicit subnet already in use is an error, not a silent collision."""
     token_auth: bool = True
     start_niceness: int = 0
     """niceness of the Ray processes while they start (Ray gives a node 30 s to register with the GCS,
@@ -174,12 +178,15 @@ class RayCluster:
 
     # -- the network namespace of the second node ---------------------------------------------
     def _make_netns(self) -> str:
-        tag = secrets.token_hex(3)
-        self._netns, self._veth = f"awrl-{tag}", f"awrl{tag}"
+        self._netns = f"awrl-{secrets.token_hex(3)}"
+        r = subprocess.run(["ip", "netns", "add", self._netns], capture_output=True, text=True)
+        if r.returncode != 0:
+            self._netns = None
+            raise RuntimeError(f"ip netns add failed ({r.returncode}): {r.stderr.strip()} "
+                               "(the two-node cluster needs root for a network namespace)")
+        self.subnet = self._claim_subnet()
         host_ip, self._worker_ip = f"10.231.{self.subnet}.1", f"10.231.{self.subnet}.2"
         for cmd in (
-            ["ip", "netns", "add", self._netns],
-            ["ip", "link", "add", self._veth + "a", "type", "veth", "peer", "name", self._veth + "b", "netns", self._netns],
             ["ip", "addr", "add", f"{host_ip}/24", "dev", self._veth + "a"],
             ["ip", "link", "set", self._veth + "a", "up"],
             ["ip", "netns", "exec", self._netns, "ip", "addr", "add", f"{self._worker_ip}/24", "dev", self._veth + "b"],
@@ -188,9 +195,32 @@ class RayCluster:
         ):
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()} "
-                                   "(the two-node cluster needs root for a network namespace)")
+                raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
         return host_ip
+
+    def _claim_subnet(self) -> int:
+        """Create the veth pair named for its subnet (`awrl-s<X>a` here, `awrl-s<X>b` in the namespace):
+        the kernel refuses a second link of that name, so two clusters never hold one subnet. Subnets
+        that a route already covers (another tool's network) are skipped."""
+        routed = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+        in_use = {int(m) for m in re.findall(r"^10\.231\.(\d+)\.0/24 ", routed, flags=re.M)}
+        candidates = [self.subnet] if self.subnet else [x for x in range(1, 255) if x not in in_use]
+        for x in candidates:
+            if x in in_use:
+                raise RuntimeError(f"subnet 10.231.{x}.0/24 is in use on this host (ip route: "
+                                   f"{routed.strip()!r}); pass subnet=0 to take a free one")
+            veth = f"awrl-s{x}"
+            r = subprocess.run(["ip", "link", "add", veth + "a", "type", "veth", "peer", "name", veth + "b",
+                                "netns", self._netns], capture_output=True, text=True)
+            if r.returncode == 0:
+                self._veth = veth
+                return x
+            if "exists" not in r.stderr:
+                raise RuntimeError(f"ip link add {veth}a failed ({r.returncode}): {r.stderr.strip()}")
+            if self.subnet:
+                raise RuntimeError(f"subnet 10.231.{x}.0/24 is held by another cluster on this host "
+                                   f"(link {veth}a exists); pass subnet=0 to take a free one")
+        raise RuntimeError("no free 10.231.X.0/24 subnet on this host for the second node's veth pair")
 
     def stop(self) -> None:
         import psutil

@@ -53,7 +53,7 @@ def test_training_spans_two_nodes_with_distinct_node_ips(tmp_path):
 
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "asyncwebrl", "bench", "multinode", "steps=3", "env=synthetic",
-                        "tasks=synthetic", "subnet=77", "start_niceness=-10", "seed=1"],
+                        "tasks=synthetic", "start_niceness=-10", "seed=1"],
                        env=dict(os.environ, ASYNCWEBRL_BENCH_DIR=str(out)), capture_output=True, text=True,
                        timeout=1500)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -65,3 +65,31 @@ def test_training_spans_two_nodes_with_distinct_node_ips(tmp_path):
     assert figs.server_node_ips == [rollout_ip]
     assert all(a.startswith(f"http://{rollout_ip}:") for a in figs.server_addresses)
     assert figs.weight_version_on_servers == ["3"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2 (network namespace)")
+def test_clusters_beside_each_other_never_share_a_veth_subnet():
+    """Two runs on one host (a CI job beside a session's test run) each take a subnet of their own; one
+    that names a held subnet is told so instead of sending its packets into the other's veth."""
+    a, b, c = RayCluster(worker_resources={}), RayCluster(worker_resources={}), None
+    try:
+        ip_a, ip_b = a._make_netns(), b._make_netns()
+        assert a.subnet != b.subnet and ip_a != ip_b
+        c = RayCluster(worker_resources={}, subnet=a.subnet)
+        with pytest.raises(RuntimeError, match=f"10.231.{a.subnet}.0/24 is (in use|held)"):
+            c._make_netns()
+        # a port on the head's side of the veth is reachable from inside the second node's namespace
+        import socket
+
+        with socket.create_server((ip_a, 0)) as srv:
+            port = srv.getsockname()[1]
+            dial = subprocess.run(["ip", "netns", "exec", a._netns, sys.executable, "-c",
+                                   f"import socket; socket.create_connection(({ip_a!r}, {port}), timeout=5).close()"],
+                                  capture_output=True, text=True, timeout=30)
+            assert dial.returncode == 0, dial.stderr
+    finally:
+        for cl in (a, b, c):
+            if cl is not None:
+                cl.stop()
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    assert f"10.231.{a.subnet}.0/24" not in routes and f"10.231.{b.subnet}.0/24" not in routes
