@@ -529,7 +529,9 @@ def _print_summary(cfg: RunConfig, root: Path, summary: RunSummary) -> None:
         held = f"   held-out {r.heldout_success_rate:.3f}" if r.heldout_success_rate is not None else ""
         print(f"eval               version {r.version}: success {r.success_rate:.3f}{held}")
     if summary.shortcut_baseline is not None:
-        print(f"shortcut baseline  {summary.shortcut_baseline:.3f} ({summary.shortcut_policy}); greedy eval "
+        t = cfg.test_rollout.temperature
+        how = "greedy eval" if t <= 0 else f"eval at temperature {t:g}"
+        print(f"shortcut baseline  {summary.shortcut_baseline:.3f} ({summary.shortcut_policy}); {how} "
               f"gains {summary.gain_over_shortcut:+.3f} over it")
     print(f"logs and plots     {root / 'metrics.jsonl'}, {root / 'summary.json'}, "
           f"tensorboard --logdir {root / 'tb'}, asyncwebrl view {root}")
