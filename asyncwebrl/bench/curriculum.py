@@ -77,6 +77,8 @@ DEFAULTS = {
 }
 # knobs that may differ between a measurement and the files whose runs it reuses
 _FREE_KNOBS = ("seeds", "reuse", "fileroot")
+# what a knob was in files measured before it existed (not its default now, which may move)
+_BEFORE_KNOB = {"eval_temperature": 0.0}
 MODES = ("uniform", "adaptive")
 
 
@@ -131,8 +133,8 @@ def _reused_runs(knobs: dict[str, Any]) -> dict[tuple[str, int], tuple[ArmResult
             raise SystemExit(f"bench curriculum: reuse={path}: cannot read it as a results file ({e})") from None
         if doc.get("name") != "curriculum":
             raise SystemExit(f"bench curriculum: reuse={path} is a {doc.get('name')!r} result, not a curriculum one")
-        # a knob the file predates was at its default there
-        there = {k: doc["config"].get(k, DEFAULTS.get(k)) for k in knobs}
+        # a knob the file predates held its value from before the knob existed
+        there = {k: doc["config"][k] if k in doc["config"] else _BEFORE_KNOB.get(k, DEFAULTS.get(k)) for k in knobs}
         differ = sorted(k for k in knobs if k not in _FREE_KNOBS and there[k] != knobs[k])
         if differ:
             raise SystemExit(f"bench curriculum: reuse={path} was measured with other knobs: "

@@ -128,11 +128,11 @@ def test_curriculum_reuse_adds_seeds_without_training_the_recorded_runs(results,
     with pytest.raises(SystemExit, match="steps=2 there, 3 here"):
         curriculum.main(["seeds=1,2", "steps=3", f"reuse={first}"])
     assert trained == []
-    # a file that predates a knob was measured at its default: greedy evaluation matches, sampled does not
+    # a file that predates the knob was evaluated greedily: greedy evaluation matches, sampled does not
     doc = json.loads(first.read_text())
     del doc["config"]["eval_temperature"]
     first.write_text(json.dumps(doc))
-    assert curriculum.main(["seeds=1", "steps=2", f"reuse={first}"]) == 0 and trained == []
+    assert curriculum.main(["seeds=1", "steps=2", "eval_temperature=0.0", f"reuse={first}"]) == 0 and trained == []
     with pytest.raises(SystemExit, match="eval_temperature=0.0 there, 1.0 here"):
         curriculum.main(["seeds=1", "steps=2", "eval_temperature=1.0", f"reuse={first}"])
     assert trained == []
