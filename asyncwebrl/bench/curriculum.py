@@ -134,7 +134,7 @@ def _reused_runs(knobs: dict[str, Any]) -> dict[tuple[str, int], tuple[ArmResult
         if doc.get("name") != "curriculum":
             raise SystemExit(f"bench curriculum: reuse={path} is a {doc.get('name')!r} result, not a curriculum one")
         # a knob the file predates held its value from before the knob existed
-        there = {k: doc["config"][k] if k in doc["config"] else _BEFORE_KNOB.get(k, DEFAULTS.get(k)) for k in knobs}
+        there = {**DEFAULTS, **_BEFORE_KNOB, **doc["config"]}
         differ = sorted(k for k in knobs if k not in _FREE_KNOBS and there[k] != knobs[k])
         if differ:
             raise SystemExit(f"bench curriculum: reuse={path} was measured with other knobs: "
