@@ -17,12 +17,14 @@ both arms; the other tasks get none), then train with the recipe's RL knobs (`ex
 sampling. `warm_start_demos=0` starts both arms from the base model instead.
 
 Knobs (key=value): steps, batch, n_samples, max_steps, tasks, seeds (comma list), lr, eval_episodes, eval_temperature,
-warm_start_demos, warm_start_tasks, scheduler, extra (';'-separated config overrides; default the
+priority, warm_start_demos, warm_start_tasks, scheduler, extra (';'-separated config overrides; default the
 recipe's RL knobs, so an `extra` given replaces them), fileroot, reuse.
 
 `reuse` (comma list of earlier curriculum results files, finished or partial) adds seeds to a measurement
 or resumes one that stopped: a (mode, seed) run recorded there is taken as it was measured instead of
-trained again, provided every knob but seeds, reuse and fileroot matches (else a clear error). The
+trained again, provided every knob but seeds, reuse and fileroot matches (else a clear error). A file
+that differs only in a knob of the adaptive arm (`priority`) lends its uniform runs alone: comparing
+two adaptive priorities trains the uniform arm once. The
 result names each reused run, its file and that file's date (`figures.reused`).
 """
 
@@ -74,11 +76,16 @@ DEFAULTS = {
              "actor.eps_clip_higher=0.28;actor.step_normalizer=episode_length;rollout.dynamic_sampling=false",
     "fileroot": "/tmp/asyncwebrl-bench",
     "reuse": "",
+    # what the adaptive arm favours (env.task_sampling.priority): learnability = p(1-p), progress =
+    # |fast - slow| success rate. The uniform arm never reads it
+    "priority": "learnability",
 }
 # knobs that may differ between a measurement and the files whose runs it reuses
 _FREE_KNOBS = ("seeds", "reuse", "fileroot")
+# knobs only the adaptive arm passes: a file measured with others still holds this measurement's uniform runs
+_ADAPTIVE_KNOBS = ("priority",)
 # what a knob was in files measured before it existed (not its default now, which may move)
-_BEFORE_KNOB = {"eval_temperature": 0.0}
+_BEFORE_KNOB = {"eval_temperature": 0.0, "priority": "learnability"}
 MODES = ("uniform", "adaptive")
 
 
@@ -89,6 +96,8 @@ def _overrides(knobs: dict[str, Any], mode: str) -> list[str]:
            f"test_rollout.n_episodes={knobs['eval_episodes']}",
            f"test_rollout.temperature={knobs['eval_temperature']}", "checkpoint.every_n_steps=0",
            "stats.tensorboard=false"]
+    if mode == "adaptive":
+        ovs.append(f"env.task_sampling.priority={knobs['priority']}")
     if knobs["tasks"]:
         ovs.append(f"env.tasks={knobs['tasks']}")
     if knobs["lr"] is not None:
@@ -136,10 +145,12 @@ def _reused_runs(knobs: dict[str, Any]) -> dict[tuple[str, int], tuple[ArmResult
         # a knob the file predates held its value from before the knob existed
         there = {**DEFAULTS, **_BEFORE_KNOB, **doc["config"]}
         differ = sorted(k for k in knobs if k not in _FREE_KNOBS and there[k] != knobs[k])
-        if differ:
+        if [k for k in differ if k not in _ADAPTIVE_KNOBS]:
             raise SystemExit(f"bench curriculum: reuse={path} was measured with other knobs: "
                              + ", ".join(f"{k}={there[k]!r} there, {knobs[k]!r} here" for k in differ))
         for mode, arm in doc["figures"]["arms"].items():
+            if mode != "uniform" and differ:  # its adaptive arm sampled otherwise: trained again
+                continue
             for brief in arm["runs"] if isinstance(arm, dict) else arm:  # finished file / partial file
                 a = ArmResult.from_brief(brief)
                 out.setdefault((mode, a.seed), (a, {"mode": mode, "seed": str(a.seed), "file": path,

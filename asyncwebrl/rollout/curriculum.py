@@ -40,6 +40,28 @@ fails every group from then on is relearning from its second failed group to its
 k = 1, relearn_drop = 0.3; its estimate is 0.06 by then), then keeps the floor. At half the EMA rate
 the boost ended at an estimate of 0.1, before the task sank to the floor it was meant to keep it from.
 
+Learnability is not learning. A task the policy solves at chance (click-shape at about 1/4, start to
+end, in both arms of bench curriculum) sits in the middle of the zone, so p(1 - p) gave it 11 of 60
+groups where uniform sampling gave 7, and it learnt nothing from them. `priority=progress` ranks by
+absolute learning progress instead (Portelas et al. 2019; the fast-minus-slow form of Kanitscheider et
+al. 2021): two bare discounted success rates of the same groups, a fast one at the EMA rate and a slow
+one at a third of it,
+
+    r_i^fast = S_i / (S_i + F_i),   r_i^slow = S'_i / (S'_i + F'_i)   (S', F' discounted by alpha / 3)
+    priority_i = |r_i^fast - r_i^slow|     if eps <= p_i <= 1 - eps, once task i has max(2, min_groups)
+                                            consumed groups
+               = 0                          outside the zone: solved or hopeless for now
+               = max_j priority_j           before (no trend can be seen in one group): as much as
+                                            the fastest-moving task; 1 while no task has a trend
+
+A task whose success rises (or falls: forgetting, so the relearning rule below is not needed here)
+has the fast rate ahead of (behind) the slow one; a task at a constant success, at chance or at 0 or
+1, has both equal up to the noise of 4-episode groups (about 0.02 at success 1/4 after 8 groups, against
+0.05-0.1 for one climbing 0.1 a group). The rates are bare (no prior pseudo-episodes): shrinking the two
+towards 1/2 by different amounts would itself open a gap at a constant success. The zone is the
+learnability rule's (on the shrunk estimate p_i): the slow rate takes some 25 groups to catch up with a
+task that jumped to 1, and a solved task should not keep its groups that long.
+
 The prior (`prior=eval`): the test-rollout group evaluates the starting checkpoint greedily on the
 training tasks anyway; the controller hands each evaluation's per-task success to `observe_eval`. It
 stands in for a task's estimate until the task has `min_groups` consumed groups, and the EMA starts
@@ -100,6 +122,10 @@ class TaskStat:
     """discounted failed episodes F"""
     best: float | None = None
     """best own estimate so far, decaying towards the current one (module docstring: relearning)"""
+    slow_successes: float = 0.0
+    """successful episodes discounted at a third of the EMA rate (S'; module docstring: progress)"""
+    slow_failures: float = 0.0
+    """failed episodes discounted at a third of the EMA rate (F')"""
 
     def estimate(self, k: float) -> float | None:
         """p = (S + k m) / (S + F + k), m = the prior or 1/2; None when nothing at all is known."""
@@ -108,6 +134,13 @@ class TaskStat:
             return self.success_ema
         m = self.prior if self.prior is not None else 0.5
         return (self.successes + k * m) / (n + k)
+
+    def progress(self) -> float | None:
+        """|r_fast - r_slow| of the bare discounted success rates; None before any usable episode."""
+        n, n_slow = self.successes + self.failures, self.slow_successes + self.slow_failures
+        if n <= 0 or n_slow <= 0:
+            return None
+        return abs(self.successes / n - self.slow_successes / n_slow)
 
 
 @dataclass
@@ -127,6 +160,8 @@ class CurriculumRecord:
     """evaluation prior per task (prior=eval; only the tasks that got one)"""
     relearning: int = 0
     """tasks whose estimate fell relearn_drop or more below their best (given the top priority)"""
+    progress: dict[str, float] = field(default_factory=dict)
+    """absolute learning progress per observed task, |fast - slow| success rate (logged in either priority)"""
 
     def flat(self) -> dict[str, float]:
         """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>, prior.<task>."""
@@ -135,6 +170,7 @@ class CurriculumRecord:
             if v is not None:
                 out[f"success.{t}"] = v
         out.update({f"prior.{t}": v for t, v in self.prior.items()})
+        out.update({f"progress.{t}": v for t, v in self.progress.items()})
         out.update({f"share.{t}": v for t, v in self.share.items()})
         out.update({f"groups.{t}": float(v) for t, v in self.groups.items()})
         return out
@@ -170,6 +206,8 @@ class TaskCurriculum:
             st.success_ema = rate if start is None else (1 - a) * start + a * rate
             st.successes = (1 - a) * st.successes + wins
             st.failures = (1 - a) * st.failures + (n - wins)
+            st.slow_successes = (1 - a / 3) * st.slow_successes + wins
+            st.slow_failures = (1 - a / 3) * st.slow_failures + (n - wins)
             st.groups += 1
             if st.groups >= self.cfg.min_groups:
                 p = st.estimate(self.cfg.prior_episodes)
@@ -196,6 +234,8 @@ class TaskCurriculum:
 
     # ---- what the samplers get ------------------------------------------------------------------
     def priority(self, task: str) -> float:
+        if self.cfg.priority == "progress":
+            return self._progress_priorities()[task]
         st = self.stats.get(task) or TaskStat()
         k = self.cfg.prior_episodes
         if st.groups > 0 and st.groups >= self.cfg.min_groups:
@@ -208,6 +248,20 @@ class TaskCurriculum:
             return 0.25
         eps = self.cfg.epsilon
         return p * (1 - p) if eps <= p <= 1 - eps else 0.0
+
+    def _progress_priorities(self) -> dict[str, float]:
+        """|fast - slow| of each task with a trend to read (0 outside the zone); the largest of those (1 if
+        none) for the others."""
+        need, k, eps = max(2, self.cfg.min_groups), self.cfg.prior_episodes, self.cfg.epsilon
+        known: dict[str, float] = {}
+        for t in self.tasks:
+            st = self.stats.get(t)
+            lp = st.progress() if st is not None and st.groups >= need else None
+            if st is not None and lp is not None:
+                p = st.estimate(k)
+                known[t] = lp if p is not None and eps <= p <= 1 - eps else 0.0
+        top = max(known.values(), default=0.0) or 1.0
+        return {t: known.get(t, top) for t in self.tasks}
 
     def relearning(self, task: str) -> bool:
         """True while the task's estimate lies relearn_drop or more below its (decaying) best."""
@@ -223,7 +277,7 @@ class TaskCurriculum:
         n = len(self.tasks)
         if not self.adaptive:
             return {t: 1.0 / n for t in self.tasks}
-        pr = {t: self.priority(t) for t in self.tasks}
+        pr = self._progress_priorities() if self.cfg.priority == "progress" else {t: self.priority(t) for t in self.tasks}
         total = sum(pr.values())
         if total <= 0:
             return {t: 1.0 / n for t in self.tasks}
@@ -247,6 +301,7 @@ class TaskCurriculum:
             in_zone=sum(1 for v in success.values() if v is not None and eps <= v <= 1 - eps),
             prior={t: st.prior for t, st in self.stats.items() if st.prior is not None},
             relearning=sum(self.relearning(t) for t in self.tasks),
+            progress={t: lp for t in self.tasks if t in self.stats and (lp := self.stats[t].progress()) is not None},
         )
 
     # ---- checkpointing --------------------------------------------------------------------------
@@ -254,7 +309,7 @@ class TaskCurriculum:
         return {"mode": self.cfg.mode,
                 "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups,
                               "prior": s.prior, "successes": s.successes, "failures": s.failures,
-                              "best": s.best}
+                              "best": s.best, "slow_successes": s.slow_successes, "slow_failures": s.slow_failures}
                           for t, s in self.stats.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -265,4 +320,5 @@ class TaskCurriculum:
             self.stats[t] = TaskStat(success_ema=s.get("success_ema"), groups=int(s.get("groups", 0)),
                                      zero_adv_groups=int(s.get("zero_adv_groups", 0)), prior=s.get("prior"),
                                      successes=float(s.get("successes", 0.0)), failures=float(s.get("failures", 0.0)),
-                                     best=s.get("best"))
+                                     best=s.get("best"), slow_successes=float(s.get("slow_successes", 0.0)),
+                                     slow_failures=float(s.get("slow_failures", 0.0)))

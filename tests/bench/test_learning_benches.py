@@ -66,8 +66,11 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     # both arms start from the same warm start: the overrides differ only in the sampling mode
     warm = [sorted(o for o in ovs if o.startswith("warm_start.")) for ovs in calls]
     assert warm[0] and "warm_start.enabled=true" in warm[0] and all(w == warm[0] for w in warm)
-    assert {tuple(o for o in ovs if not o.startswith("env.task_sampling.mode=")) for ovs in calls} == \
-        {tuple(o for o in calls[0] if not o.startswith("env.task_sampling.mode="))}
+    # ... and the sampling (the mode; the adaptive arm's priority)
+    assert {tuple(o for o in ovs if not o.startswith("env.task_sampling.")) for ovs in calls} == \
+        {tuple(o for o in calls[0] if not o.startswith("env.task_sampling."))}
+    assert [o for o in calls[1] if o.startswith("env.task_sampling.")] == \
+        ["env.task_sampling.mode=adaptive", "env.task_sampling.priority=learnability"]
     # the recipe's RL knobs in both arms, without dynamic sampling, which would drop the zero-signal groups
     # that adaptive sampling avoids drawing
     assert all("rollout.dynamic_sampling=false" in o and "gconfig.temperature=1.0" in o for o in calls)
@@ -105,10 +108,11 @@ def test_warmstart_keeps_the_shortcut_baseline_that_the_evaluation_measured():
 def test_curriculum_reuse_adds_seeds_without_training_the_recorded_runs(results, monkeypatch, tmp_path):
     from asyncwebrl.bench import curriculum
 
-    trained = []
+    trained, seen = [], []
 
     def fake(name, overrides, fileroot, seed=1):
         trained.append((name, seed))
+        seen.append(overrides)
         adaptive = "env.task_sampling.mode=adaptive" in overrides
         return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4)
 
@@ -136,3 +140,10 @@ def test_curriculum_reuse_adds_seeds_without_training_the_recorded_runs(results,
     with pytest.raises(SystemExit, match="eval_temperature=0.0 there, 1.0 here"):
         curriculum.main(["seeds=1", "steps=2", "eval_temperature=1.0", f"reuse={first}"])
     assert trained == []
+    # another adaptive priority: the file's uniform run is reused, its adaptive one (sampled by
+    # learnability, which the file predates) is trained again with the priority asked for
+    assert curriculum.main(["seeds=1", "steps=2", "priority=progress", f"reuse={first}"]) == 0
+    assert trained == [("curriculum-adaptive", 1)] and "env.task_sampling.priority=progress" in seen[-1]
+    f = json.loads((results / "curriculum.json").read_text())
+    assert f["config"]["priority"] == "progress"
+    assert [(r["mode"], r["seed"]) for r in f["figures"]["reused"]] == [("uniform", "1")]

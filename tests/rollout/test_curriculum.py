@@ -127,6 +127,48 @@ def test_a_forgotten_task_is_relearnt_not_dropped_and_a_hopeless_one_never_is():
         TaskCurriculum(tasks, _adaptive(relearn_drop=1.5))
 
 
+def test_progress_priority_follows_a_rising_task_not_one_at_chance():
+    """Under priority=progress a task whose success climbs gets the groups, and one the policy solves
+    at chance (a constant 1/4) gets less, where learnability ranks the two about alike. A task
+    seen once has no trend yet: it gets as much as the task moving fastest."""
+    tasks = ["m/rising", "m/chance", "m/never"]
+    prog = TaskCurriculum(tasks + ["m/new"], _adaptive(floor=0.2, priority="progress"))
+    learn = TaskCurriculum(tasks + ["m/new"], _adaptive(floor=0.2))
+    rng = random.Random(3)
+    for i in range(8):
+        rising = min(1.0, 0.1 + 0.1 * i)  # 0.1 -> 0.8: the policy is learning it
+        batch = [_group(f"m/rising#{i}", [rng.random() < rising for _ in range(4)]),
+                 _group(f"m/chance#{i}", [rng.random() < 0.25 for _ in range(4)]),
+                 _group(f"m/never#{i}", [False] * 4)]
+        for c in (prog, learn):
+            c.observe(batch)
+    for c in (prog, learn):
+        c.observe([_group("m/new#0", [True, False, False, False])])
+    lp = prog.record().progress
+    assert lp["m/rising"] > 2 * lp["m/chance"] and lp["m/never"] == 0.0
+    share = prog.shares()
+    assert sum(share.values()) == pytest.approx(1.0)
+    # the unknown task as much as the mover, both well above the one at chance
+    assert share["m/new"] == pytest.approx(share["m/rising"]) and share["m/rising"] > 1.5 * share["m/chance"]
+    assert share["m/never"] == pytest.approx(0.2 / 4)  # no progress: the floor
+    # learnability instead gives the task at chance nearly as much as the one being learnt
+    assert learn.shares()["m/chance"] > 0.8 * learn.shares()["m/rising"]
+    assert prog.record().flat()["progress.m/rising"] == pytest.approx(lp["m/rising"])
+    back = TaskCurriculum(tasks + ["m/new"], _adaptive(floor=0.2, priority="progress"))
+    back.load_state_dict(prog.state_dict())  # the slow rate survives a checkpoint
+    assert back.shares() == share
+    # once solved (about ten all-success groups) it leaves the zone and keeps the floor, though its
+    # slow rate has not caught up yet
+    solved = 0
+    while prog.record().success["m/rising"] <= 0.95:
+        prog.observe([_group(f"m/rising#p{solved}", [True] * 4)])
+        solved += 1
+    assert solved <= 12 and prog.record().progress["m/rising"] > lp["m/rising"]
+    assert prog.shares()["m/rising"] == pytest.approx(0.2 / 4)
+    with pytest.raises(ValueError, match="priority"):
+        TaskCurriculum(tasks, _adaptive(priority="regret"))
+
+
 def test_uniform_mode_only_tracks():
     cur = TaskCurriculum(TRUE_P, TaskSamplingConfig())
     cur.observe([_group("synthetic/half#1", [True, False]), _group("synthetic/always#1", [True, True])])
