@@ -79,7 +79,7 @@ success drifts back into the zone is seen again); a task never observed has the 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from asyncwebrl.records import RolloutGroup
@@ -233,9 +233,16 @@ class TaskCurriculum:
         return n
 
     # ---- what the samplers get ------------------------------------------------------------------
-    def priority(self, task: str) -> float:
+    def priorities(self) -> dict[str, float]:
+        """Priority per task under `cfg.priority` (module docstring), before the floor is mixed in."""
         if self.cfg.priority == "progress":
-            return self._progress_priorities()[task]
+            return self._progress_priorities()
+        return {t: self._learnability(t) for t in self.tasks}
+
+    def _in_zone(self, p: float | None) -> bool:
+        return p is not None and self.cfg.epsilon <= p <= 1 - self.cfg.epsilon
+
+    def _learnability(self, task: str) -> float:
         st = self.stats.get(task) or TaskStat()
         k = self.cfg.prior_episodes
         if st.groups > 0 and st.groups >= self.cfg.min_groups:
@@ -246,20 +253,18 @@ class TaskCurriculum:
             return 0.25
         if p is None or self.relearning(task):
             return 0.25
-        eps = self.cfg.epsilon
-        return p * (1 - p) if eps <= p <= 1 - eps else 0.0
+        return p * (1 - p) if self._in_zone(p) else 0.0
 
     def _progress_priorities(self) -> dict[str, float]:
         """|fast - slow| of each task with a trend to read (0 outside the zone); the largest of those (1 if
         none) for the others."""
-        need, k, eps = max(2, self.cfg.min_groups), self.cfg.prior_episodes, self.cfg.epsilon
+        need = max(2, self.cfg.min_groups)
         known: dict[str, float] = {}
         for t in self.tasks:
             st = self.stats.get(t)
             lp = st.progress() if st is not None and st.groups >= need else None
             if st is not None and lp is not None:
-                p = st.estimate(k)
-                known[t] = lp if p is not None and eps <= p <= 1 - eps else 0.0
+                known[t] = lp if self._in_zone(st.estimate(self.cfg.prior_episodes)) else 0.0
         top = max(known.values(), default=0.0) or 1.0
         return {t: known.get(t, top) for t in self.tasks}
 
@@ -277,7 +282,7 @@ class TaskCurriculum:
         n = len(self.tasks)
         if not self.adaptive:
             return {t: 1.0 / n for t in self.tasks}
-        pr = self._progress_priorities() if self.cfg.priority == "progress" else {t: self.priority(t) for t in self.tasks}
+        pr = self.priorities()
         total = sum(pr.values())
         if total <= 0:
             return {t: 1.0 / n for t in self.tasks}
@@ -289,7 +294,6 @@ class TaskCurriculum:
         return self.shares() if self.adaptive else None
 
     def record(self) -> CurriculumRecord:
-        eps = self.cfg.epsilon
         k = self.cfg.prior_episodes
         success = {t: self.stats[t].estimate(k) if t in self.stats and self.stats[t].groups else None
                    for t in self.tasks}
@@ -298,7 +302,7 @@ class TaskCurriculum:
             success=success,
             share=self.shares(),
             groups={t: self.stats[t].groups if t in self.stats else 0 for t in self.tasks},
-            in_zone=sum(1 for v in success.values() if v is not None and eps <= v <= 1 - eps),
+            in_zone=sum(1 for v in success.values() if self._in_zone(v)),
             prior={t: st.prior for t, st in self.stats.items() if st.prior is not None},
             relearning=sum(self.relearning(t) for t in self.tasks),
             progress={t: lp for t in self.tasks if t in self.stats and (lp := self.stats[t].progress()) is not None},
@@ -306,19 +310,12 @@ class TaskCurriculum:
 
     # ---- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"mode": self.cfg.mode,
-                "tasks": {t: {"success_ema": s.success_ema, "groups": s.groups, "zero_adv_groups": s.zero_adv_groups,
-                              "prior": s.prior, "successes": s.successes, "failures": s.failures,
-                              "best": s.best, "slow_successes": s.slow_successes, "slow_failures": s.slow_failures}
-                          for t, s in self.stats.items()}}
+        return {"mode": self.cfg.mode, "tasks": {t: asdict(s) for t, s in self.stats.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         tasks = state.get("tasks")
         if not isinstance(tasks, dict):
             raise ValueError(f"curriculum state has no 'tasks' mapping: {state!r:.200}")
-        for t, s in tasks.items():
-            self.stats[t] = TaskStat(success_ema=s.get("success_ema"), groups=int(s.get("groups", 0)),
-                                     zero_adv_groups=int(s.get("zero_adv_groups", 0)), prior=s.get("prior"),
-                                     successes=float(s.get("successes", 0.0)), failures=float(s.get("failures", 0.0)),
-                                     best=s.get("best"), slow_successes=float(s.get("slow_successes", 0.0)),
-                                     slow_failures=float(s.get("slow_failures", 0.0)))
+        names = {f.name for f in fields(TaskStat)}
+        for t, s in tasks.items():  # a field a checkpoint predates keeps its default
+            self.stats[t] = TaskStat(**{k: v for k, v in s.items() if k in names})
