@@ -237,12 +237,24 @@ class TaskCurriculum:
         """Priority per task under `cfg.priority` (module docstring), before the floor is mixed in."""
         if self.cfg.priority == "progress":
             return self._progress_priorities()
-        return {t: self._learnability(t) for t in self.tasks}
+        top = 0.25 if self.cfg.priority == "learnability" else 1.0
+        out = {}
+        for t in self.tasks:
+            p = self._deciding_estimate(t)
+            if p is None:
+                out[t] = top
+            elif not self._in_zone(p):
+                out[t] = 0.0
+            else:
+                out[t] = p * (1 - p) if self.cfg.priority == "learnability" else 1.0
+        return out
 
     def _in_zone(self, p: float | None) -> bool:
         return p is not None and self.cfg.epsilon <= p <= 1 - self.cfg.epsilon
 
-    def _learnability(self, task: str) -> float:
+    def _deciding_estimate(self, task: str) -> float | None:
+        """The p that sets the task's learnability / zone priority; None = the top priority (not seen
+        enough and no prior, or relearning)."""
         st = self.stats.get(task) or TaskStat()
         k = self.cfg.prior_episodes
         if st.groups > 0 and st.groups >= self.cfg.min_groups:
@@ -250,10 +262,8 @@ class TaskCurriculum:
         elif st.prior is not None:  # the estimate, if any, is shrunk towards the prior
             p = st.estimate(k) if st.groups > 0 else st.prior
         else:
-            return 0.25
-        if p is None or self.relearning(task):
-            return 0.25
-        return p * (1 - p) if self._in_zone(p) else 0.0
+            return None
+        return None if p is None or self.relearning(task) else p
 
     def _progress_priorities(self) -> dict[str, float]:
         """|fast - slow| of each task with a trend to read (0 outside the zone); the largest of those (1 if

@@ -13,11 +13,12 @@ class TaskSamplingConfig:
 
     mode: Literal["uniform", "adaptive"] = "uniform"
     """uniform = shuffled passes over the tasks; adaptive = a priority per task from its success (`priority`)"""
-    priority: Literal["learnability", "progress"] = "learnability"
+    priority: Literal["learnability", "progress", "zone"] = "learnability"
     """what adaptive sampling favours (asyncwebrl.rollout.curriculum has the formulas): learnability =
     p(1-p) of the success estimate, largest at 1/2; progress = |fast - slow| success average, largest
-    where success is moving. A task the policy solves at chance has a high learnability but no
-    progress: in bench curriculum (2026-12-06, four seeds) learnability spent 11 of 60 groups on
+    where success is moving; zone = the same share for every task inside the productive zone (online
+    difficulty filtering: only the hopeless and the solved are cut). A task the policy solves at
+    chance has a high learnability but no progress: in bench curriculum (2026-12-06, four seeds) learnability spent 11 of 60 groups on
     click-shape, at about 1/4 from start to end, against uniform's 7. Progress did worse there
     (0.61x uniform against learnability's 0.84x): from 4-episode groups, some 8 per task, the
     progress of every task in the zone read 0.02-0.13, mostly noise, and click-shape got 15 groups"""
@@ -64,8 +65,9 @@ class TaskSamplingConfig:
             raise ValueError(f"env.task_sampling.prior must be 'none' or 'eval', got {self.prior!r}")
         if self.prior_wait_s < 0:
             raise ValueError("env.task_sampling.prior_wait_s must be >= 0")
-        if self.priority not in ("learnability", "progress"):
-            raise ValueError(f"env.task_sampling.priority must be 'learnability' or 'progress', got {self.priority!r}")
+        if self.priority not in ("learnability", "progress", "zone"):
+            raise ValueError("env.task_sampling.priority must be 'learnability', 'progress' or 'zone', "
+                             f"got {self.priority!r}")
         if not 0 <= self.relearn_drop <= 1:
             raise ValueError("env.task_sampling.relearn_drop must be in [0, 1] (0 = off)")
 

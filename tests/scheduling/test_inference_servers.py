@@ -2,13 +2,14 @@
 before anything starts, and it sets how many train-rollout servers start (on inference.base_port up)."""
 
 import json
+import socket
 import urllib.request
 
 import pytest
 
 from asyncwebrl.config import load_run_config
 from asyncwebrl.configtree import ConfigError
-from asyncwebrl.net import free_port
+from asyncwebrl.net import LOOPBACK, free_port
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -31,13 +32,28 @@ def test_sync_pool_without_dedicated_servers_and_async_with_them_are_accepted():
     assert load_run_config(None, []).n_rollout_servers == 1  # null: one per rollout device
 
 
+def _two_free_ports() -> int:
+    """A port p with p and p + 1 both free a moment ago (the servers take base_port + i): free_port()
+    alone leaves p + 1 to chance, and an ephemeral port another process holds there fails the start."""
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind((LOOPBACK, base))
+                b.bind((LOOPBACK, base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two consecutive free ports on loopback in 50 tries")
+
+
 @pytest.mark.slow
 def test_n_inference_servers_changes_what_starts(tmp_path):
     from asyncwebrl.controller.main import Controller
     from asyncwebrl.controller.rundir import RunDir
     from asyncwebrl.controller.system import build_system
 
-    base = free_port()
+    base = _two_free_ports()
     cfg = load_run_config(None, [
         f"cluster.fileroot={tmp_path}", "total_train_steps=1", "actor.path=tiny-qwen2.5-vl",
         "scheduler.type=local", "cluster.n_inference_servers=2", f"inference.base_port={base}",
