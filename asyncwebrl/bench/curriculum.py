@@ -77,7 +77,8 @@ DEFAULTS = {
     "fileroot": "/tmp/asyncwebrl-bench",
     "reuse": "",
     # what the adaptive arm favours (env.task_sampling.priority): learnability = p(1-p), progress =
-    # |fast - slow| success rate. The uniform arm never reads it
+    # |fast - slow| success rate, zone = one share for every task inside the zone. The uniform arm
+    # never reads it
     "priority": "learnability",
 }
 # knobs that may differ between a measurement and the files whose runs it reuses

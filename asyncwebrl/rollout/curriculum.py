@@ -62,6 +62,15 @@ towards 1/2 by different amounts would itself open a gap at a constant success. 
 learnability rule's (on the shrunk estimate p_i): the slow rate takes some 25 groups to catch up with a
 task that jumped to 1, and a solved task should not keep its groups that long.
 
+`priority=zone` keeps only the zone test: every task inside [eps, 1 - eps] (and every task not seen
+enough, or relearning) gets priority 1, every other 0, so the shares inside the zone are equal. It is
+online difficulty filtering at the task level: the hopeless and the solved tasks are cut, and nothing
+else is ranked. Learnability concentrates on the tasks near 1/2, one of which may sit there at chance,
+and starves a task at 0.1 that has just begun to succeed (p(1 - p) = 0.09 against 0.25); measured in
+bench curriculum (2026-12-06), it gave the task at 1/3 (enter-text) up to a third of all groups for
+most of a run, and under that share the task was learnt in fewer runs than under uniform sampling.
+The zone rule reads nothing finer from a 4-episode group than "some but not all succeed".
+
 The prior (`prior=eval`): the test-rollout group evaluates the starting checkpoint greedily on the
 training tasks anyway; the controller hands each evaluation's per-task success to `observe_eval`. It
 stands in for a task's estimate until the task has `min_groups` consumed groups, and the EMA starts

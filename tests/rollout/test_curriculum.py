@@ -169,6 +169,28 @@ def test_progress_priority_follows_a_rising_task_not_one_at_chance():
         TaskCurriculum(tasks, _adaptive(priority="regret"))
 
 
+def test_zone_priority_shares_evenly_inside_the_zone_and_cuts_the_rest():
+    """Under priority=zone every task inside the productive zone gets the same share, whatever its
+    success there (a task at 0.1 as much as one at 1/2, where learnability gives it about a third);
+    a hopeless task and a solved one keep the floor; an unseen task counts as inside."""
+    truth = {"z/low": 0.1, "z/half": 0.5, "z/never": 0.0, "z/always": 1.0}
+    zone = TaskCurriculum([*truth, "z/new"], _adaptive(floor=0.2, priority="zone"))
+    learn = TaskCurriculum([*truth, "z/new"], _adaptive(floor=0.2))
+    for i in range(12):  # exact group counts: low succeeds once every two groups, half in two of four
+        batch = [_group(f"z/low#{i}", [i % 2 == 0, False, False, False]),
+                 _group(f"z/half#{i}", [True, True, False, False]),
+                 _group(f"z/never#{i}", [False] * 4), _group(f"z/always#{i}", [True] * 4)]
+        for c in (zone, learn):
+            c.observe(batch)
+    share = zone.shares()
+    assert sum(share.values()) == pytest.approx(1.0)
+    assert share["z/low"] == pytest.approx(share["z/half"]) == pytest.approx(share["z/new"])
+    assert share["z/low"] == pytest.approx(0.2 / 5 + 0.8 / 3)
+    assert share["z/never"] == pytest.approx(0.2 / 5) == pytest.approx(share["z/always"])
+    assert learn.shares()["z/low"] < 0.75 * learn.shares()["z/half"]
+    assert zone.record().in_zone == 2  # low and half (new has no estimate yet)
+
+
 def test_uniform_mode_only_tracks():
     cur = TaskCurriculum(TRUE_P, TaskSamplingConfig())
     cur.observe([_group("synthetic/half#1", [True, False]), _group("synthetic/always#1", [True, True])])
