@@ -476,7 +476,8 @@ class FSDPActor:
         """Training samples (with advantages) from rollout groups; samples pass through."""
         if batch and isinstance(batch[0], RolloutGroup):
             c = self.cfg
-            return samples_from_groups(batch, c.group_adv_norm, c.adv_std_norm, c.step_normalizer, c.step_normalizer_k)
+            return samples_from_groups(batch, c.group_adv_norm, c.adv_std_norm, c.step_normalizer, c.step_normalizer_k,
+                                       c.wasted_steps_never_reinforced)
         return list(batch)  # type: ignore[arg-type]
 
     def train_step(self, batch: list[RolloutGroup] | list[TrainSample], pixel_store: PixelStore | None = None,

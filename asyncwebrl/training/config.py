@@ -101,6 +101,11 @@ class ActorConfig:
     """per-step sample weight: none, 1/|tau| (episode length), or a constant 1/k"""
     step_normalizer_k: int = 10
     """k of the constant 1/k per-step normalizer"""
+    wasted_steps_never_reinforced: bool = False
+    """a step whose action was invalid or changed nothing on the page carries min(A, 0) instead of its
+    episode's advantage A: the episode's luck does not reinforce it (a chance click after two junk
+    `type` actions still pays 0.8, and without this GRPO pushes the junk typing up with the click),
+    while a failed episode still pushes it down. Steps that ran and changed the page keep A"""
     weight_update_mode: Literal["xccl", "disk"] = "xccl"
     """how weights reach the train-rollout servers: broadcast group (NCCL/gloo) or checkpoint on disk"""
     weight_chunked_mem_mb: int = 2048

@@ -27,18 +27,22 @@ def samples_from_groups(
     std_norm: bool = True,
     step_normalizer: str = "none",
     step_normalizer_k: int = 10,
+    wasted_steps_never_reinforced: bool = False,
 ) -> list[TrainSample]:
     """Every step of every non-failed trajectory, carrying its episode advantage (steps without
-    generated tokens carry no loss and are skipped)."""
+    generated tokens carry no loss and are skipped); with `wasted_steps_never_reinforced` an invalid
+    or no-effect step carries at most 0 (actor.wasted_steps_never_reinforced)."""
     out: list[TrainSample] = []
     for g in groups:
         for traj, adv in trajectory_advantages(g, group_norm, std_norm, step_normalizer, step_normalizer_k):
             for s in traj.steps:
                 if not s.output_ids:
                     continue
+                wasted = wasted_steps_never_reinforced and (s.invalid or s.no_effect)
                 ts = TrainSample(
                     prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
-                    behave_logprobs=list(s.behave_logprobs), versions=list(s.versions), advantage=adv,
+                    behave_logprobs=list(s.behave_logprobs), versions=list(s.versions),
+                    advantage=min(adv, 0.0) if wasted else adv,
                     pixel_keys=list(s.pixel_keys), pixels=s.pixels, traj_id=traj.traj_id,
                 )
                 ts.validate()

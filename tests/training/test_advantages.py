@@ -62,6 +62,22 @@ def test_malformed_step_is_a_clear_error():
         samples_from_groups([RolloutGroup("g", "task", [bad, traj(0.0)])])
 
 
+def test_wasted_steps_are_never_reinforced_by_a_lucky_episode():
+    """A chance success after junk actions: with actor.wasted_steps_never_reinforced the invalid and
+    the no-effect step carry at most 0, the click that ran keeps the episode's advantage; in the failed
+    episode every step keeps its (negative) advantage. Off, every step carries the episode's."""
+    lucky = Trajectory(traj_id="lucky", task_id="task", reward=0.8, steps=[step(), step(), step()])
+    lucky.steps[0].invalid = True  # type into a button
+    lucky.steps[1].no_effect = True  # typed what was already there
+    failed = Trajectory(traj_id="failed", task_id="task", reward=-0.1, steps=[step(), step()])
+    failed.steps[0].invalid = True
+    g = RolloutGroup("g", "task", [lucky, failed])
+    on = [s.advantage for s in samples_from_groups([g], wasted_steps_never_reinforced=True)]
+    off = [s.advantage for s in samples_from_groups([g])]
+    assert off == pytest.approx([1.0, 1.0, 1.0, -1.0, -1.0], rel=1e-4)
+    assert on == pytest.approx([0.0, 0.0, 1.0, -1.0, -1.0], rel=1e-4)
+
+
 def test_missing_pixels_are_dropped_and_counted_not_waited_for():
     store = InProcessPixelStore()
     k1, k2 = store.put_batch([b"png-a", b"png-b"])
