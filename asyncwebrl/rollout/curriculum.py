@@ -246,16 +246,16 @@ class TaskCurriculum:
         """Priority per task under `cfg.priority` (module docstring), before the floor is mixed in."""
         if self.cfg.priority == "progress":
             return self._progress_priorities()
-        top = 0.25 if self.cfg.priority == "learnability" else 1.0
+        learnability = self.cfg.priority == "learnability"
         out = {}
         for t in self.tasks:
             p = self._deciding_estimate(t)
-            if p is None:
-                out[t] = top
+            if p is None:  # not seen enough, or relearning: the top of the rule's range
+                out[t] = 0.25 if learnability else 1.0
             elif not self._in_zone(p):
                 out[t] = 0.0
             else:
-                out[t] = p * (1 - p) if self.cfg.priority == "learnability" else 1.0
+                out[t] = p * (1 - p) if learnability else 1.0
         return out
 
     def _in_zone(self, p: float | None) -> bool:

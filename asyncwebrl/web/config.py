@@ -18,8 +18,9 @@ class TaskSamplingConfig:
     p(1-p) of the success estimate, largest at 1/2; progress = |fast - slow| success average, largest
     where success is moving; zone = the same share for every task inside the productive zone (online
     difficulty filtering: only the hopeless and the solved are cut). A task the policy solves at
-    chance has a high learnability but no progress: in bench curriculum (2026-12-06, four seeds) learnability spent 11 of 60 groups on
-    click-shape, at about 1/4 from start to end, against uniform's 7. Progress did worse there
+    chance has a high learnability but no progress: in bench curriculum (2026-12-06, four seeds)
+    learnability spent 11 of 60 groups on click-shape, at about 1/4 from start to end, against
+    uniform's 7. Progress did worse there
     (0.61x uniform against learnability's 0.84x): from 4-episode groups, some 8 per task, the
     progress of every task in the zone read 0.02-0.13, mostly noise, and click-shape got 15 groups.
     Zone's first seed there (2026-12-07) ended at 0.104 against uniform's 0.167: the groups cut from
