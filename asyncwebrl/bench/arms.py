@@ -76,6 +76,10 @@ class ArmResult:
     shortcut_policy: str | None = None
     groups_by_task: dict[str, int] = field(default_factory=dict)
     """groups the trainer consumed per task (the run's last task sampling record)"""
+    groups_to_first_success_by_task: dict[str, int | None] = field(default_factory=dict)
+    """per task, its consumed groups at the first step whose groups held a successful episode of it (None:
+    none in the run); one more than the all-fail groups before it, or two more where two of its groups
+    landed in that step. {} for runs recorded before the task sampling record counted wins"""
 
     def token_weighted(self, attr: str) -> float:
         n = sum(s.n_tokens for s in self.steps)
@@ -122,7 +126,8 @@ class ArmResult:
                    steps=[StepRow(**s) for s in d["steps"]], evals=[EvalRow(**e) for e in d["evals"]],
                    shortcut_baseline=d["shortcut_baseline"], shortcut_policy=d["shortcut_policy"],
                    groups_by_task=dict(d["groups_by_task"]) if "groups_by_task" in d
-                   else _groups_in_run_dir(Path(str(d["run_dir"]))))
+                   else _groups_in_run_dir(Path(str(d["run_dir"]))),
+                   groups_to_first_success_by_task=dict(d.get("groups_to_first_success_by_task", {})))
 
     def brief(self) -> dict[str, Any]:
         """The arm as recorded in bench/results (per-step rows included)."""
@@ -137,6 +142,15 @@ def groups_by_task(recs: list[dict[str, Any]]) -> dict[str, int]:
     """Consumed groups per task from the last kind=curriculum record of a run's metrics ({} if none)."""
     last = next((r for r in reversed(recs) if r.get("kind") == "curriculum"), {})
     return {k.removeprefix("groups."): int(v) for k, v in last.items() if k.startswith("groups.")}
+
+
+def groups_to_first_success(recs: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per task, its consumed-group count in the first kind=curriculum record whose `wins.<task>` is
+    above 0 (None if no record has that; {} if the run's records carry no wins)."""
+    cur = [r for r in recs if r.get("kind") == "curriculum"]
+    tasks = [k.removeprefix("wins.") for k in (cur[-1] if cur else {}) if k.startswith("wins.")]
+    first = {t: next((int(r[f"groups.{t}"]) for r in cur if r.get(f"wins.{t}", 0) > 0), None) for t in tasks}
+    return first
 
 
 def _groups_in_run_dir(root: Path) -> dict[str, int]:
@@ -170,4 +184,4 @@ def run_arm(name: str, overrides: list[str], fileroot: str, seed: int = 1, keep_
                      setup_s=summary.setup_s,
                      steps=[StepRow.from_record(r) for r in recs if r.get("kind") == "train"], evals=evals,
                      shortcut_baseline=summary.shortcut_baseline, shortcut_policy=summary.shortcut_policy,
-                     groups_by_task=groups_by_task(recs))
+                     groups_by_task=groups_by_task(recs), groups_to_first_success_by_task=groups_to_first_success(recs))

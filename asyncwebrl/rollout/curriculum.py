@@ -135,6 +135,8 @@ class TaskStat:
     """successful episodes discounted at a third of the EMA rate (S'; module docstring: progress)"""
     slow_failures: float = 0.0
     """failed episodes discounted at a third of the EMA rate (F')"""
+    wins: int = 0
+    """successful episodes in all consumed groups, undiscounted"""
 
     def estimate(self, k: float) -> float | None:
         """p = (S + k m) / (S + F + k), m = the prior or 1/2; None when nothing at all is known."""
@@ -171,9 +173,12 @@ class CurriculumRecord:
     """tasks whose estimate fell relearn_drop or more below their best (given the top priority)"""
     progress: dict[str, float] = field(default_factory=dict)
     """absolute learning progress per observed task, |fast - slow| success rate (logged in either priority)"""
+    wins: dict[str, int] = field(default_factory=dict)
+    """successful episodes per task in its consumed groups so far (undiscounted)"""
 
     def flat(self) -> dict[str, float]:
-        """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>, prior.<task>."""
+        """Scalars for TensorBoard / metrics.jsonl: success.<task>, share.<task>, groups.<task>, wins.<task>,
+        prior.<task>, progress.<task>."""
         out: dict[str, float] = {"in_zone": float(self.in_zone), "relearning": float(self.relearning)}
         for t, v in self.success.items():
             if v is not None:
@@ -182,6 +187,7 @@ class CurriculumRecord:
         out.update({f"progress.{t}": v for t, v in self.progress.items()})
         out.update({f"share.{t}": v for t, v in self.share.items()})
         out.update({f"groups.{t}": float(v) for t, v in self.groups.items()})
+        out.update({f"wins.{t}": float(v) for t, v in self.wins.items()})
         return out
 
 
@@ -218,6 +224,7 @@ class TaskCurriculum:
             st.slow_successes = (1 - a / 3) * st.slow_successes + wins
             st.slow_failures = (1 - a / 3) * st.slow_failures + (n - wins)
             st.groups += 1
+            st.wins += wins
             if st.groups >= self.cfg.min_groups:
                 p = st.estimate(self.cfg.prior_episodes)
                 if p is not None:
@@ -325,6 +332,7 @@ class TaskCurriculum:
             prior={t: st.prior for t, st in self.stats.items() if st.prior is not None},
             relearning=sum(self.relearning(t) for t in self.tasks),
             progress={t: lp for t in self.tasks if t in self.stats and (lp := self.stats[t].progress()) is not None},
+            wins={t: self.stats[t].wins if t in self.stats else 0 for t in self.tasks},
         )
 
     # ---- checkpointing --------------------------------------------------------------------------

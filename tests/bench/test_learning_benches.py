@@ -90,6 +90,21 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["arms"]["adaptive"]["runs"][0]["gain_over_shortcut"] == pytest.approx(0.9 - 0.4)
 
 
+def test_groups_to_first_success_reads_the_task_sampling_records():
+    from asyncwebrl.bench.arms import groups_to_first_success
+
+    def cur(step, groups, wins):
+        return {"kind": "curriculum", "step": step, **{f"groups.{t}": float(g) for t, g in groups.items()},
+                **{f"wins.{t}": float(w) for t, w in wins.items()}}
+
+    recs = [cur(1, {"a": 1, "b": 1}, {"a": 0, "b": 0}), {"kind": "train", "step": 1},
+            cur(2, {"a": 3, "b": 1}, {"a": 2, "b": 0}), cur(3, {"a": 4, "b": 2}, {"a": 2, "b": 0})]
+    # a: its first success came in the step that brought it to 3 groups; b: none in the run
+    assert groups_to_first_success(recs) == {"a": 3, "b": None}
+    # runs recorded before the records counted wins: nothing, not a guess
+    assert groups_to_first_success([{"kind": "curriculum", "groups.a": 2.0}]) == {}
+
+
 def test_warmstart_keeps_the_shortcut_baseline_that_the_evaluation_measured():
     from asyncwebrl.bench.warmstart import EvalResult
     from asyncwebrl.evaluation.shortcut import ShortcutBaseline, shortcut_figures

@@ -199,6 +199,11 @@ def test_uniform_mode_only_tracks():
     rec = cur.record()
     assert rec.success["synthetic/half"] == 0.5 and rec.success["synthetic/never"] is None
     assert rec.groups["synthetic/always"] == 1
+    # undiscounted successes per task, for "how long until the first success" in a run's metrics
+    cur.observe([_group("synthetic/half#2", [True, True, False])])
+    rec = cur.record()
+    assert rec.wins == {"synthetic/always": 2, "synthetic/never": 0, "synthetic/half": 3, "synthetic/mostly": 0}
+    assert rec.flat()["wins.synthetic/half"] == 3.0
 
 
 def test_zero_advantage_groups_are_counted():
