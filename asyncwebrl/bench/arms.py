@@ -77,9 +77,9 @@ class ArmResult:
     groups_by_task: dict[str, int] = field(default_factory=dict)
     """groups the trainer consumed per task (the run's last task sampling record)"""
     groups_to_first_success_by_task: dict[str, int | None] = field(default_factory=dict)
-    """per task, its consumed groups at the first step whose groups held a successful episode of it (None:
-    none in the run); one more than the all-fail groups before it, or two more where two of its groups
-    landed in that step. {} for runs recorded before the task sampling record counted wins"""
+    """per task, its consumed groups at the end of the first step whose groups of it held a success (None:
+    none in the run): the all-fail groups before that success plus the groups of that step. {} for runs
+    recorded before the task sampling record counted wins"""
 
     def token_weighted(self, attr: str) -> float:
         n = sum(s.n_tokens for s in self.steps)
@@ -149,8 +149,7 @@ def groups_to_first_success(recs: list[dict[str, Any]]) -> dict[str, int | None]
     above 0 (None if no record has that; {} if the run's records carry no wins)."""
     cur = [r for r in recs if r.get("kind") == "curriculum"]
     tasks = [k.removeprefix("wins.") for k in (cur[-1] if cur else {}) if k.startswith("wins.")]
-    first = {t: next((int(r[f"groups.{t}"]) for r in cur if r.get(f"wins.{t}", 0) > 0), None) for t in tasks}
-    return first
+    return {t: next((int(r[f"groups.{t}"]) for r in cur if r.get(f"wins.{t}", 0) > 0), None) for t in tasks}
 
 
 def _groups_in_run_dir(root: Path) -> dict[str, int]:
