@@ -529,6 +529,7 @@ class FSDPActor:
 
         stats = PPOStats()
         grad_norms = []
+        n_skipped = 0  # mini-batches whose zero gradient left the weights (actor.skip_zero_grad_steps)
         lr = self.lr_at(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -554,7 +555,8 @@ class FSDPActor:
                     st.prox_err_sum = float((approx - prox).abs().sum())
                 stats.add(st)
             with self._phase("optimizer"):
-                grad_norms.append(self._clip_and_step())
+                grad_norms.append(self._clip_and_step(skip_zero=cfg.skip_zero_grad_steps))
+                n_skipped += int(grad_norms[-1] == 0.0 and cfg.skip_zero_grad_steps)
         self.embed_cache.clear()
         self.version += 1
         self.step += 1
@@ -563,17 +565,24 @@ class FSDPActor:
             keys = consumed_pixel_keys(batch)
             if keys:
                 pixel_store.free(keys)
-        return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
+        out = self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
+        out["skipped_updates"] = float(n_skipped)
+        return out
 
     def lr_at(self, step: int) -> float:
         """Learning rate of train step `step` (1-based), from the step count alone (ActorConfig.lr_at)."""
         return self.cfg.lr_at(step)
 
-    def _clip_and_step(self, optimizer: torch.optim.Optimizer | None = None) -> float:
+    def _clip_and_step(self, optimizer: torch.optim.Optimizer | None = None, skip_zero: bool = False) -> float:
+        """Clip to max_grad_norm and step; the global gradient norm before clipping. With `skip_zero` a
+        zero gradient (the same on every rank: the norm is global) leaves weights and optimizer state."""
         optimizer = optimizer or self.optimizer
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.max_grad_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if skip_zero and float(norm) == 0.0:
+            optimizer.zero_grad(set_to_none=True)
+            return 0.0
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)

@@ -106,6 +106,11 @@ class ActorConfig:
     episode's advantage A: the episode's luck does not reinforce it (a chance click after two junk
     `type` actions still pays 0.8, and without this GRPO pushes the junk typing up with the click),
     while a failed episode still pushes it down. Steps that ran and changed the page keep A"""
+    skip_zero_grad_steps: bool = False
+    """a mini-batch whose gradient is exactly zero (every sample's advantage 0 and no KL or entropy term)
+    leaves the weights and the optimizer state as they are. AdamW otherwise keeps moving the weights along
+    its momentum on such a step (docs/results-log.md, "60 steps, second seed"); the lr schedule still
+    counts the step. Off until measured"""
     weight_update_mode: Literal["xccl", "disk"] = "xccl"
     """how weights reach the train-rollout servers: broadcast group (NCCL/gloo) or checkpoint on disk"""
     weight_chunked_mem_mb: int = 2048

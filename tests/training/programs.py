@@ -138,3 +138,23 @@ def bc_and_report(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: 
     out = {"stats": stats, "params": params if rank == 0 else None, "version": actor.version}
     actor.close()
     return out
+
+
+def zero_advantage_steps(rank: int, world_size: int, addr: str, port: int, cfg_kwargs: dict) -> dict:
+    """One train step on samples with advantages, then two on the same samples with every advantage 0:
+    how far the zero-advantage steps moved the weights (max abs), and what they reported."""
+    from asyncwebrl.training.actor import FSDPActor
+
+    torch.manual_seed(0)
+    actor = FSDPActor(ActorConfig(**cfg_kwargs), rank, world_size, addr, port)
+    samples = make_samples(actor.adapter, 4)
+    actor.train_step(samples)
+    before = {n: t.detach().cpu().clone() for n, t in actor.full_named_parameters()}
+    for s in samples:
+        s.advantage = 0.0
+    metrics = [actor.train_step(samples) for _ in range(2)]
+    after = {n: t.detach().cpu().clone() for n, t in actor.full_named_parameters()}
+    version = actor.version
+    actor.close()
+    moved = max((after[n] - before[n]).abs().max().item() for n in before)
+    return {"moved": moved, "metrics": metrics, "version": version}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from programs import TINY, make_samples, resume_from, train_and_report, uninterrupted
+from programs import TINY, make_samples, resume_from, train_and_report, uninterrupted, zero_advantage_steps
 from ranks import run_ranks
 
 from asyncwebrl.training.checkpoint import latest_complete_checkpoint
@@ -336,3 +336,17 @@ def test_bf16_cloning_passes_keep_fp32_weights_and_follow_the_fp32_update():
     nll32 = -sum(map(sum, lp32)) / sum(map(len, lp32))
     nll16 = -sum(map(sum, lp16)) / sum(map(len, lp16))
     assert nll16 == pytest.approx(nll32, rel=0.2)
+
+
+def test_zero_gradient_steps_leave_the_weights_when_asked():
+    """All-zero advantages give a zero gradient; AdamW still moves the weights along its momentum
+    unless actor.skip_zero_grad_steps, which leaves them (and counts the skipped update). The version
+    and the lr schedule advance either way."""
+    off = run_ranks(zero_advantage_steps, 1, (CFG,), timeout_s=300)[0]
+    on = run_ranks(zero_advantage_steps, 1, (dict(CFG, skip_zero_grad_steps=True),), timeout_s=300)[0]
+    assert all(m["grad_norm"] == 0.0 for m in off["metrics"] + on["metrics"])
+    assert off["moved"] > 1e-5  # momentum carried the weights on
+    assert [m["skipped_updates"] for m in off["metrics"]] == [0.0, 0.0]
+    assert on["moved"] == 0.0
+    assert [m["skipped_updates"] for m in on["metrics"]] == [1.0, 1.0]
+    assert on["version"] == off["version"] == 3
