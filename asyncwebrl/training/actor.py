@@ -529,7 +529,6 @@ class FSDPActor:
 
         stats = PPOStats()
         grad_norms = []
-        n_skipped = 0  # mini-batches whose zero gradient left the weights (actor.skip_zero_grad_steps)
         lr = self.lr_at(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -556,7 +555,6 @@ class FSDPActor:
                 stats.add(st)
             with self._phase("optimizer"):
                 grad_norms.append(self._clip_and_step(skip_zero=cfg.skip_zero_grad_steps))
-                n_skipped += int(grad_norms[-1] == 0.0 and cfg.skip_zero_grad_steps)
         self.embed_cache.clear()
         self.version += 1
         self.step += 1
@@ -565,9 +563,7 @@ class FSDPActor:
             keys = consumed_pixel_keys(batch)
             if keys:
                 pixel_store.free(keys)
-        out = self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
-        out["skipped_updates"] = float(n_skipped)
-        return out
+        return self._finalize(stats, grad_norms, n_dropped, len(samples), t0, t_prox)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of train step `step` (1-based), from the step count alone (ActorConfig.lr_at)."""
@@ -580,10 +576,8 @@ class FSDPActor:
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.max_grad_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        if skip_zero and float(norm) == 0.0:
-            optimizer.zero_grad(set_to_none=True)
-            return 0.0
-        optimizer.step()
+        if not (skip_zero and float(norm) == 0.0):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -656,6 +650,8 @@ class FSDPActor:
         out = stats.finalize()
         out.update(
             grad_norm=sum(grad_norms) / max(len(grad_norms), 1), n_samples=float(n_samples),
+            # mini-batches whose zero gradient left the weights (actor.skip_zero_grad_steps)
+            skipped_updates=float(sum(g == 0.0 for g in grad_norms) if self.cfg.skip_zero_grad_steps else 0),
             n_dropped_missing_pixels=float(n_dropped), version=float(self.version),
             time_prox_s=t_prox, time_step_s=time.perf_counter() - t0,
             lr=float(self.optimizer.param_groups[0]["lr"]),
