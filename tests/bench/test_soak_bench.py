@@ -43,8 +43,10 @@ def test_tiny_soak_samples_every_component(tmp_path, monkeypatch):
     figs = doc["figures"]
     assert figs["episodes"] >= 8 and figs["steps"] == 2 and figs["lost_rollouts"] == 0
     assert "trainer rank" in figs["policy"]
-    # the trainer rank gave the consumed screenshots back: the store ends with the in-flight ones only
-    assert 0 < figs["store_bytes_end"] < figs["store_bytes_put"]
+    # the trainer rank gave the consumed screenshots back: the store ends with the in-flight ones only,
+    # which may be none when the run stops between two rollouts
+    assert figs["store_bytes_put"] > 0
+    assert 0 <= figs["store_bytes_end"] < figs["store_bytes_put"]
     for comp in soak.COMPONENTS:
         if comp == "pixelstore":  # in the controller process: its figure is the bytes it holds, not a PSS
             assert figs[comp]["pss_mb_max"] > 0, comp
