@@ -107,6 +107,15 @@ class ArmResult:
         return self.evals[-1].success_rate if self.evals else None
 
     @property
+    def heldout_first(self) -> float | None:
+        """held-out success at the first evaluation (None when the run evaluated no held-out tasks)"""
+        return self.evals[0].heldout_success_rate if self.evals else None
+
+    @property
+    def heldout_last(self) -> float | None:
+        return self.evals[-1].heldout_success_rate if self.evals else None
+
+    @property
     def gain_over_shortcut(self) -> float | None:
         """final greedy success minus the shortcut's: an arm that only rises to it has not learned to read"""
         if self.eval_last is None or self.shortcut_baseline is None:

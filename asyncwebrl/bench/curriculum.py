@@ -8,7 +8,9 @@ evaluates the checkpoints on the fixed evaluation set of the training tasks, gre
 and seed: first and final eval success, the share of consumed groups whose advantages were all zero
 (wasted rollout), and the final per-task sampling shares, and the shortcut baseline (the best constant answer on the same
 evaluation episodes) with each arm's gain over it. Headline: `adaptive_over_uniform` = mean
-final greedy eval success of the adaptive arm over that of the uniform arm.
+final greedy eval success of the adaptive arm over that of the uniform arm. Beside it, the same ratio on
+the held-out tasks that neither arm trains on (`heldout_adaptive_over_uniform`) and the seeds in which
+each arm ended ahead there.
 
 The default form is the multi-step recipe (`make train-multistep`) on a pool that mixes what it learns
 with what it cannot: both arms start from the recipe's light behaviour-cloning warm start
@@ -188,6 +190,10 @@ def main(overrides: list[str] | None = None) -> int:
             "eval_gain_mean": _mean([a.eval_last - a.eval_first for a in rs
                                      if a.eval_last is not None and a.eval_first is not None]),
             "gain_over_shortcut_mean": _mean([a.gain_over_shortcut for a in rs]),
+            # tasks neither arm trains on (test_rollout.heldout_tasks): what the training carries over
+            "heldout_first_mean": _mean([a.heldout_first for a in rs]),
+            "heldout_last_mean": _mean([a.heldout_last for a in rs]),
+            "heldout_last_by_seed": {str(a.seed): a.heldout_last for a in rs},
             "zero_adv_frac_mean": _mean([a.zero_adv_frac for a in rs]),
             "train_success_mean": _mean([statistics.fmean([s.success_rate for s in a.steps]) for a in rs if a.steps]),
             # where the final figure comes from: on a small budget one task learnt or not moves it most
@@ -198,6 +204,9 @@ def main(overrides: list[str] | None = None) -> int:
             "runs": [a.brief() for a in rs],
         }
     uni, ada = arms["uniform"]["eval_last_mean"], arms["adaptive"]["eval_last_mean"]
+    h_uni, h_ada = arms["uniform"]["heldout_last_mean"], arms["adaptive"]["heldout_last_mean"]
+    paired = [(u.heldout_last, a.heldout_last) for u, a in zip(runs["uniform"], runs["adaptive"])
+              if u.heldout_last is not None and a.heldout_last is not None]
     figures = {
         "seeds": seeds,
         "steps_per_run": knobs["steps"],
@@ -214,6 +223,13 @@ def main(overrides: list[str] | None = None) -> int:
                                    if a.shortcut_baseline is not None), None),
         "gain_over_shortcut_uniform": arms["uniform"]["gain_over_shortcut_mean"],
         "gain_over_shortcut_adaptive": arms["adaptive"]["gain_over_shortcut_mean"],
+        # the held-out tasks beside the headline: the same ratio on tasks neither arm trains on, and in
+        # how many seeds each arm ended ahead there (None / 0 when the runs evaluated no held-out tasks)
+        "heldout_adaptive_over_uniform": h_ada / h_uni if h_uni else None,
+        "heldout_last_uniform": h_uni,
+        "heldout_last_adaptive": h_ada,
+        "heldout_seeds_adaptive_ahead": sum(a > u for u, a in paired),
+        "heldout_seeds_uniform_ahead": sum(u > a for u, a in paired),
         "zero_adv_frac_uniform": arms["uniform"]["zero_adv_frac_mean"],
         "zero_adv_frac_adaptive": arms["adaptive"]["zero_adv_frac_mean"],
         "reused": reused,
@@ -221,7 +237,8 @@ def main(overrides: list[str] | None = None) -> int:
     }
     write_result("curriculum", knobs, figures)
     rows = [{"mode": m, "seed": a.seed, "eval_first": a.eval_first, "eval_last": a.eval_last,
-             "shortcut": a.shortcut_baseline, "zero_adv_frac": a.zero_adv_frac, "wall_s": a.wall_s}
+             "shortcut": a.shortcut_baseline, "heldout_last": a.heldout_last, "zero_adv_frac": a.zero_adv_frac,
+             "wall_s": a.wall_s}
             for m in MODES for a in runs[m]]
     ratio = figures["adaptive_over_uniform"]
     how = "greedy" if float(knobs["eval_temperature"]) <= 0 else f"temperature {knobs['eval_temperature']}"

@@ -12,13 +12,15 @@ from asyncwebrl.bench.arms import ArmResult, EvalRow, StepRow
 
 
 def _arm(name: str, seed: int, clip: float, coupled: float, eval_last: float, ok: float,
-         shortcut: float | None = None) -> ArmResult:
+         shortcut: float | None = None, heldout_last: float | None = None) -> ArmResult:
     step = StepRow(step=1, version=1, time=5.0, success_rate=ok, n_trajectories=4, n_successes=4 * ok,
                    clip_rate=clip, clip_rate_coupled=coupled, n_tokens=50.0, n_groups=2, zero_adv_groups=1,
                    staleness_hist={"0": 1, "1": 1})
     return ArmResult(name=name, seed=seed, overrides=[], run_dir="", wall_s=10.0, setup_s=1.0, steps=[step],
-                     evals=[EvalRow(version=0, success_rate=0.5, per_task={"t": 0.5}),
-                            EvalRow(version=1, success_rate=eval_last, per_task={"t": eval_last})],
+                     evals=[EvalRow(version=0, success_rate=0.5, per_task={"t": 0.5},
+                                    heldout_success_rate=None if heldout_last is None else 0.2),
+                            EvalRow(version=1, success_rate=eval_last, per_task={"t": eval_last},
+                                    heldout_success_rate=heldout_last)],
                      shortcut_baseline=shortcut, shortcut_policy=None if shortcut is None else "click [1]",
                      groups_by_task={"t": 2 * seed})
 
@@ -59,7 +61,10 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     def fake(name, overrides, fileroot, seed=1):
         calls.append(overrides)
         adaptive = "env.task_sampling.mode=adaptive" in overrides
-        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4)
+        # held-out: adaptive ahead in seed 1, uniform in seed 2
+        heldout = {(True, 1): 0.6, (False, 1): 0.3, (True, 2): 0.2, (False, 2): 0.4}[(adaptive, seed)]
+        return _arm(name, seed, 0.0, 0.0, (0.8 if adaptive else 0.5) + 0.1 * seed, 0.5, shortcut=0.4,
+                    heldout_last=heldout)
 
     monkeypatch.setattr(curriculum, "run_arm", fake)
     assert curriculum.main(["seeds=1,2", "steps=2"]) == 0
@@ -88,6 +93,11 @@ def test_curriculum_records_seeds_arms_and_the_ratio(results, monkeypatch):
     assert f["arms"]["uniform"]["per_task_first_mean"] == {"t": pytest.approx(0.5)}
     assert f["arms"]["adaptive"]["groups_by_task"] == {"t": pytest.approx(3.0)}
     assert f["arms"]["adaptive"]["runs"][0]["gain_over_shortcut"] == pytest.approx(0.9 - 0.4)
+    # the held-out tasks beside the headline: the ratio of the means, and which arm led in each seed
+    assert f["heldout_adaptive_over_uniform"] == pytest.approx(((0.6 + 0.2) / 2) / ((0.3 + 0.4) / 2))
+    assert (f["heldout_seeds_adaptive_ahead"], f["heldout_seeds_uniform_ahead"]) == (1, 1)
+    assert f["arms"]["uniform"]["heldout_first_mean"] == pytest.approx(0.2)
+    assert f["arms"]["adaptive"]["heldout_last_by_seed"] == {"1": pytest.approx(0.6), "2": pytest.approx(0.2)}
 
 
 def test_groups_to_first_success_reads_the_task_sampling_records():
