@@ -205,7 +205,7 @@ def main(overrides: list[str] | None = None) -> int:
         }
     uni, ada = arms["uniform"]["eval_last_mean"], arms["adaptive"]["eval_last_mean"]
     h_uni, h_ada = arms["uniform"]["heldout_last_mean"], arms["adaptive"]["heldout_last_mean"]
-    paired = [(u.heldout_last, a.heldout_last) for u, a in zip(runs["uniform"], runs["adaptive"])
+    paired = [(u.heldout_last, a.heldout_last) for u, a in zip(runs["uniform"], runs["adaptive"], strict=True)
               if u.heldout_last is not None and a.heldout_last is not None]
     figures = {
         "seeds": seeds,
